@@ -1,0 +1,55 @@
+"""trio_worker: a Runpod Serverless worker on trio's structured concurrency.
+
+>>> import trio_worker
+>>> def handler(job): return {"echo": job["input"]}
+>>> # trio_worker.start(handler, initializer=load_model, init_timeout=600)
+"""
+
+from __future__ import annotations
+
+from ._config import Timings as Timings
+from ._exceptions import ConfigurationError as ConfigurationError
+from ._exceptions import InitializationError as InitializationError
+from ._exceptions import InitTimeout as InitTimeout
+from ._exceptions import PlatformError as PlatformError
+from ._exceptions import RateLimited as RateLimited
+from ._exceptions import TrioWorkerError as TrioWorkerError
+from ._exceptions import WorkerInternalError as WorkerInternalError
+from ._handlers import check_cancelled as check_cancelled
+from ._initializer import InitFailure as InitFailure
+from ._start import start as start
+from ._version import __version__ as __version__
+from ._worker import progress_update as progress_update
+from ._worker import serve as serve
+
+__all__ = [
+    "ConfigurationError",
+    "InitFailure",
+    "InitTimeout",
+    "InitializationError",
+    "PlatformError",
+    "RateLimited",
+    "Timings",
+    "TrioWorkerError",
+    "WorkerInternalError",
+    "__version__",
+    "check_cancelled",
+    "progress_update",
+    "serve",
+    "start",
+]
+
+
+def _fixup_module_metadata() -> None:
+    # Public names report the public module, as trio and httpx do.
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("trio_worker._"):
+            try:
+                obj.__module__ = "trio_worker"
+            except (AttributeError, TypeError):
+                pass
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

@@ -1,0 +1,304 @@
+"""Every knob of the worker: its default, and where it is read (environment, CLI, arguments).
+
+The platform wiring comes from the same environment variables and CLI flags as the
+reference SDK (PROTOCOL §1), with its placeholder rules (PROTOCOL §1.5):
+
+* ``RUNPOD_WEBHOOK_GET_JOB``: ``$ID`` becomes the worker id; the batch-take and stop URLs are
+  derived from it by replacing ``/job-take/``.
+* ``RUNPOD_WEBHOOK_POST_OUTPUT`` / ``_POST_STREAM``: ``$RUNPOD_POD_ID`` becomes the worker id
+  once; ``$ID`` becomes the job id per request.
+* ``RUNPOD_WEBHOOK_PING``: ``$RUNPOD_POD_ID`` becomes the worker id.
+
+Unlike the reference, a template without a ``?`` gets one, so query parameters never land in
+the path, and bad values fail at start with a message naming the variable instead of
+crashing at import (PROTOCOL §8 items 17 and 22).
+
+The worker's own internal timeouts live in :class:`Timings`, one value object with named
+defaults, in the manner of ``httpx.Timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import socket
+import uuid
+from typing import TYPE_CHECKING, Literal
+
+from ._exceptions import ConfigurationError
+from ._redact import Redactor
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from pathlib import Path
+
+# Defaults, named so the docs and the code cannot drift apart.
+DEFAULT_PING_INTERVAL_MS = 10_000
+DEFAULT_TAKE_POLL_BOUND = 90.0  # client bound on one take long-poll, as the reference
+DEFAULT_STOP_POLL_BOUND = 90.0
+DEFAULT_REPORT_DEADLINE = 10.0  # one report, all its retries included
+DEFAULT_REPORT_ATTEMPTS = 6
+DEFAULT_CLAIM_GRACE = 10.0  # the reference's init claim bound (PROTOCOL §5.1)
+DEFAULT_SHUTDOWN_GRACE = 20.0
+DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce
+DEFAULT_ERROR_BACKOFF_MIN = 0.1
+DEFAULT_ERROR_BACKOFF_MAX = 10.0
+DEFAULT_EMPTY_POLL_FLOOR = 1.0  # a stop poll answered empty faster than this waits the rest
+DEFAULT_LOGS_TAIL_CHARS = 16 * 1024
+DEFAULT_API_HOST = "localhost"
+DEFAULT_API_PORT = 8000
+
+CaptureMode = Literal["on", "off"]
+LOG_LEVELS = {
+    "NOTSET": logging.NOTSET,
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+# The reference also accepts an index 0-5 into its own list of names.
+_LEVEL_BY_INDEX = ["NOTSET", "TRACE", "DEBUG", "INFO", "WARN", "ERROR"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """The worker's internal timeouts, in seconds.
+
+    >>> Timings(shutdown_grace=5.0).report_deadline
+    10.0
+    """
+
+    take_poll_bound: float = DEFAULT_TAKE_POLL_BOUND
+    stop_poll_bound: float = DEFAULT_STOP_POLL_BOUND
+    report_deadline: float = DEFAULT_REPORT_DEADLINE
+    report_attempts: int = DEFAULT_REPORT_ATTEMPTS
+    claim_grace: float = DEFAULT_CLAIM_GRACE
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    rate_limit_pause: float = DEFAULT_RATE_LIMIT_PAUSE
+    error_backoff_min: float = DEFAULT_ERROR_BACKOFF_MIN
+    error_backoff_max: float = DEFAULT_ERROR_BACKOFF_MAX
+    empty_poll_floor: float = DEFAULT_EMPTY_POLL_FLOOR
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int | float) or value < 0:
+                raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
+        if self.report_attempts < 1:
+            raise ConfigurationError("report_attempts must be at least 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformConfig:
+    """The platform wiring, with every placeholder but the per-job ``$ID`` already applied."""
+
+    worker_id: str
+    hostname: str
+    api_key: str
+    take_url: str | None
+    batch_take_url: str | None
+    stop_url: str | None
+    done_template: str
+    stream_template: str
+    ping_url: str | None
+    ping_interval: float  # seconds
+    endpoint_id: str | None
+
+    @property
+    def queue_mode(self) -> bool:
+        return self.take_url is not None
+
+    def done_url(self, job_id: str, *, is_stream: bool) -> str:
+        flag = "true" if is_stream else "false"
+        return with_query(self.done_template.replace("$ID", job_id), f"isStream={flag}")
+
+    def stream_url(self, job_id: str) -> str:
+        return with_query(self.stream_template.replace("$ID", job_id), "isStream=false")
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalArgs:
+    """The reference's CLI flags (``--rp_*``, ``--test_input``)."""
+
+    test_input: object | None = None
+    log_level: str | None = None
+    serve_api: bool = False
+    api_host: str = DEFAULT_API_HOST
+    api_port: int = DEFAULT_API_PORT
+    debugger: bool = False
+
+
+def with_query(url: str, param: str) -> str:
+    """Append a query parameter; the reference's literal '&' needs a '?' already there."""
+    return f"{url}{'&' if '?' in url else '?'}{param}"
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
+    """Read the platform wiring from *environ* (PROTOCOL §1.1 and §1.5).
+
+    Raises:
+        ConfigurationError: when a variable holds a value the worker cannot use.
+    """
+    worker_id = environ.get("RUNPOD_POD_ID") or str(uuid.uuid4())
+    get_job = environ.get("RUNPOD_WEBHOOK_GET_JOB")
+    take_url = batch_url = stop_url = None
+    if get_job:
+        if not get_job.startswith(("http://", "https://")):
+            raise ConfigurationError(
+                f"RUNPOD_WEBHOOK_GET_JOB must be an http(s) URL, got {get_job!r}"
+            )
+        take_url = get_job.replace("$ID", worker_id)
+        if "/job-take/" in take_url:
+            batch_url = take_url.replace("/job-take/", "/job-take-batch/")
+            stop_url = take_url.replace("/job-take/", "/job-stop/")
+        else:
+            batch_url = take_url
+    ping_ms = _env_int(environ, "RUNPOD_PING_INTERVAL", DEFAULT_PING_INTERVAL_MS)
+    if ping_ms <= 0:
+        raise ConfigurationError(
+            f"RUNPOD_PING_INTERVAL is in milliseconds and must be > 0, got {ping_ms}"
+        )
+
+    def template(name: str, fallback: str) -> str:
+        value = environ.get(name) or fallback
+        return value.replace("$RUNPOD_POD_ID", worker_id)
+
+    ping = environ.get("RUNPOD_WEBHOOK_PING")
+    return PlatformConfig(
+        worker_id=worker_id,
+        hostname=environ.get("RUNPOD_POD_HOSTNAME") or socket.gethostname(),
+        api_key=environ.get("RUNPOD_AI_API_KEY", ""),
+        take_url=take_url,
+        batch_take_url=batch_url,
+        stop_url=stop_url,
+        done_template=template("RUNPOD_WEBHOOK_POST_OUTPUT", "JOB_DONE_URL"),
+        stream_template=template("RUNPOD_WEBHOOK_POST_STREAM", "JOB_STREAM_URL"),
+        ping_url=ping.replace("$RUNPOD_POD_ID", worker_id) if ping else None,
+        ping_interval=ping_ms / 1000.0,
+        endpoint_id=environ.get("RUNPOD_ENDPOINT_ID"),
+    )
+
+
+def log_level_from(environ: Mapping[str, str], cli_value: str | None) -> int:
+    """The log level: ``--rp_log_level``, else ``RUNPOD_LOG_LEVEL``, else ``RUNPOD_DEBUG_LEVEL``.
+
+    The default is INFO, not the reference's DEBUG (PROTOCOL §8 item 39).
+    """
+    if cli_value is not None:
+        source, raw = "--rp_log_level", cli_value
+    elif environ.get("RUNPOD_LOG_LEVEL"):
+        source, raw = "RUNPOD_LOG_LEVEL", environ["RUNPOD_LOG_LEVEL"]
+    elif environ.get("RUNPOD_DEBUG_LEVEL"):
+        source, raw = "RUNPOD_DEBUG_LEVEL", environ["RUNPOD_DEBUG_LEVEL"]
+    else:
+        return logging.INFO
+    name = raw.strip().upper()
+    if name.isdigit() and int(name) < len(_LEVEL_BY_INDEX):
+        name = _LEVEL_BY_INDEX[int(name)]
+    if name not in LOG_LEVELS:
+        choices = ", ".join(LOG_LEVELS)
+        raise ConfigurationError(f"{source} must be one of {choices} (or 0-5), got {raw!r}")
+    return LOG_LEVELS[name]
+
+
+def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
+    """Parse the reference's flags from *argv*, ignoring flags that are not ours.
+
+    ``--test_input`` takes JSON; without it a ``test_input.json`` in *cwd* is read, as the
+    reference does, but only when the caller decides the worker is in local mode.
+
+    Raises:
+        ConfigurationError: when ``--test_input`` is not JSON, or a port is not a number.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--test_input", default=None)
+    parser.add_argument("--rp_log_level", default=None)
+    parser.add_argument("--rp_serve_api", action="store_true")
+    parser.add_argument("--rp_api_host", default=DEFAULT_API_HOST)
+    parser.add_argument("--rp_api_port", default=str(DEFAULT_API_PORT))
+    parser.add_argument("--rp_debugger", action="store_true")
+    known, _unknown = parser.parse_known_args(list(argv))
+    test_input: object | None = None
+    if known.test_input is not None:
+        try:
+            test_input = json.loads(known.test_input)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"--test_input must be JSON: {exc}") from None
+    try:
+        port = int(known.rp_api_port)
+    except ValueError:
+        raise ConfigurationError(
+            f"--rp_api_port must be an integer, got {known.rp_api_port!r}"
+        ) from None
+    return LocalArgs(
+        test_input=test_input,
+        log_level=known.rp_log_level,
+        serve_api=known.rp_serve_api,
+        api_host=known.rp_api_host,
+        api_port=port,
+        debugger=known.rp_debugger,
+    )
+
+
+def read_test_input_file(cwd: Path) -> object | None:
+    """The contents of ``test_input.json`` in *cwd*, or None when there is none.
+
+    Raises:
+        ConfigurationError: when the file exists but is not JSON.
+    """
+    path = cwd / "test_input.json"
+    if not path.is_file():
+        return None
+    try:
+        data: object = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the supervisor needs, resolved once at start."""
+
+    platform: PlatformConfig
+    timings: Timings
+    redactor: Redactor
+    capture_logs: CaptureMode = "on"
+    logs_tail_chars: int = DEFAULT_LOGS_TAIL_CHARS
+    log_level: int = logging.INFO
+
+    @classmethod
+    def from_environ(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        timings: Timings | None = None,
+        capture_logs: CaptureMode = "on",
+        log_level: int | None = None,
+    ) -> Settings:
+        env = os.environ if environ is None else environ
+        if capture_logs not in ("on", "off"):
+            raise ConfigurationError(f"capture_logs must be 'on' or 'off', got {capture_logs!r}")
+        return cls(
+            platform=platform_from_env(env),
+            timings=timings or Timings(),
+            redactor=Redactor.from_environ(env),
+            capture_logs=capture_logs,
+            log_level=log_level_from(env, None) if log_level is None else log_level,
+        )

@@ -1,0 +1,74 @@
+"""The package's exceptions.
+
+::
+
+    TrioWorkerError                 root; not raised itself
+     ├── ConfigurationError         (also a ValueError) a setting is invalid; raised at start
+     ├── InitializationError        serve(): the initializer failed or timed out; .failure
+     ├── PlatformError              a platform route answered with an unusable status; .status
+     │    └── RateLimited           429; .retry_after
+     └── WorkerInternalError        a bug in trio_worker itself, chained from the cause
+
+    InitTimeout                     the SDK's own init deadline fired; recorded as the error
+                                    type of an init failure, never raised into user code
+
+Cancellation is never subclassed or raised by this package (trio owns ``Cancelled``).
+``serve()`` keeps its nursery's ExceptionGroups inside: it returns, or raises one of these.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._initializer import InitFailure
+
+
+class TrioWorkerError(Exception):
+    """Root of the package's exceptions."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> TrioWorkerError:
+        if cls is TrioWorkerError:
+            raise TypeError("TrioWorkerError is abstract; raise a subclass")
+        return super().__new__(cls, *args)
+
+
+class ConfigurationError(TrioWorkerError, ValueError):
+    """A setting is invalid; the message names the variable, flag or argument."""
+
+
+class InitializationError(TrioWorkerError):
+    """Raised by ``serve()`` after an init failure has been reported to every held job."""
+
+    def __init__(self, failure: InitFailure) -> None:
+        super().__init__(f"initializer failed: {failure.error_type}: {failure.message}")
+        self.failure = failure
+
+
+class InitTimeout(TrioWorkerError):
+    """The SDK's own ``init_timeout`` expired (DESIGN §4 I4)."""
+
+    def __init__(self, limit: float) -> None:
+        super().__init__(f"initializer did not finish within init_timeout={limit:g}s")
+        self.limit = limit
+
+
+class PlatformError(TrioWorkerError):
+    """A platform route answered with a status the worker cannot use."""
+
+    def __init__(self, route: str, status: int) -> None:
+        super().__init__(f"{route} answered HTTP {status}")
+        self.route = route
+        self.status = status
+
+
+class RateLimited(PlatformError):
+    """The platform answered 429; wait ``retry_after`` seconds before asking again."""
+
+    def __init__(self, route: str, retry_after: float) -> None:
+        super().__init__(route, 429)
+        self.retry_after = retry_after
+
+
+class WorkerInternalError(TrioWorkerError):
+    """A bug in trio_worker; the cause is chained."""

@@ -1,0 +1,187 @@
+"""Calling the user's handler: sync, async, sync generator, async generator (DESIGN §2).
+
+Detection looks through ``functools.partial`` and callable objects, which the reference
+misses (PROTOCOL §3.4); a plain function that *returns* a generator, a coroutine or an
+async generator is also handled by what it returns, so nothing is ever left unserializable
+because of how the handler was wrapped.
+
+Sync code runs in a worker thread so the event loop (stop signals, reports, the take loop)
+stays live. Such a thread cannot be interrupted; ``check_cancelled()`` lets it stop
+cooperatively when its job is stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from typing import Any
+
+import trio
+
+Handler = Callable[[dict[str, Any]], Any]
+
+
+class HandlerKind(enum.Enum):
+    SYNC = "sync"
+    ASYNC = "async"
+    SYNC_GENERATOR = "sync generator"
+    ASYNC_GENERATOR = "async generator"
+
+    @property
+    def streams(self) -> bool:
+        return self in (HandlerKind.SYNC_GENERATOR, HandlerKind.ASYNC_GENERATOR)
+
+
+def _unwrap(fn: object) -> object:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not (inspect.isfunction(fn) or inspect.ismethod(fn)) and callable(fn):
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 - we want the method itself
+        if call is not None and not inspect.isbuiltin(call):
+            return _unwrap(call)
+    return fn
+
+
+def handler_kind(fn: Callable[..., Any]) -> HandlerKind:
+    """Classify *fn*, looking through partials and callable objects."""
+    target = _unwrap(fn)
+    if inspect.isasyncgenfunction(target):
+        return HandlerKind.ASYNC_GENERATOR
+    if inspect.isgeneratorfunction(target):
+        return HandlerKind.SYNC_GENERATOR
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(fn):
+        return HandlerKind.ASYNC
+    return HandlerKind.SYNC
+
+
+def check_cancelled() -> None:
+    """Raise ``trio.Cancelled`` in a sync handler's thread once its job has been stopped.
+
+    Call it now and then from long sync work; outside a worker thread it does nothing.
+    """
+    try:
+        trio.from_thread.check_cancelled()
+    except RuntimeError:
+        # Not in a thread started by trio: nothing can be cancelled here.
+        return
+
+
+class ThreadWaits:
+    """Cancel scopes of job tasks waiting for an abandoned handler thread to end.
+
+    A stopped job keeps its slot until its thread returns (DESIGN §9); at the end of the
+    shutdown grace the supervisor cancels these waits, so a stuck thread cannot hold up
+    the exit (the process then ends with ``os._exit``).
+    """
+
+    def __init__(self) -> None:
+        self._scopes: set[trio.CancelScope] = set()
+
+    def cancel_all(self) -> None:
+        for scope in self._scopes:
+            scope.cancel()
+
+    def __len__(self) -> int:
+        return len(self._scopes)
+
+
+async def run_in_thread(
+    fn: Callable[..., Any], *args: Any, limiter: trio.CapacityLimiter, waits: ThreadWaits
+) -> Any:
+    """Run sync *fn* in a worker thread; when cancelled, wait for the thread to end.
+
+    The thread is started with ``abandon_on_cancel=True`` so ``check_cancelled()`` inside it
+    sees the stop at once, but the caller does not move on until the thread has really
+    returned, unless the wait itself is cancelled through *waits*.
+    """
+    finished = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    def call() -> Any:
+        try:
+            return fn(*args)
+        finally:
+            try:
+                token.run_sync_soon(finished.set)
+            except trio.RunFinishedError:
+                pass
+
+    try:
+        return await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=limiter)
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True) as wait:
+            waits._scopes.add(wait)
+            try:
+                await finished.wait()
+            finally:
+                waits._scopes.discard(wait)
+        raise
+
+
+class Stream:
+    """The chunks of a streaming handler, as one async iterator whatever its kind."""
+
+    def __init__(
+        self,
+        source: Generator[Any, Any, Any] | Iterator[Any] | AsyncIterator[Any],
+        limiter: trio.CapacityLimiter,
+        waits: ThreadWaits,
+    ) -> None:
+        self._source = source
+        self._limiter = limiter
+        self._waits = waits
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[Any]:
+        source = self._source
+        if isinstance(source, AsyncIterator):
+            try:
+                async for chunk in source:
+                    yield chunk
+            finally:
+                aclose = getattr(source, "aclose", None)
+                if aclose is not None:
+                    with trio.CancelScope(shield=True):
+                        await aclose()
+            return
+        done = object()
+        while True:
+            # Each step runs in a thread: a sync generator may block like any sync handler.
+            chunk = await run_in_thread(
+                next, source, done, limiter=self._limiter, waits=self._waits
+            )
+            if chunk is done:
+                return
+            yield chunk
+
+
+async def call_handler(
+    fn: Handler,
+    kind: HandlerKind,
+    job: dict[str, Any],
+    limiter: trio.CapacityLimiter,
+    waits: ThreadWaits,
+) -> Any | Stream:
+    """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks.
+
+    Exceptions raised by the handler propagate unchanged.
+    """
+    if kind is HandlerKind.SYNC:
+        result = await run_in_thread(fn, job, limiter=limiter, waits=waits)
+    else:
+        # Creating a generator runs none of its body, and an async handler runs on the
+        # loop, so no thread is needed here.
+        result = fn(job)
+    if inspect.isawaitable(result):
+        result = await _await(result)
+    if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
+        return Stream(result, limiter, waits)
+    return result
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable

@@ -1,0 +1,92 @@
+"""The heartbeat: a ping every ``RUNPOD_PING_INTERVAL`` with the held job ids (PROTOCOL §2.6).
+
+It runs in a daemon thread of its own, not in the event loop, so a handler that blocks the
+loop does not silence it, and not in a second process, so it can never outlive the worker
+and report a dead worker as alive (PROTOCOL §8 item 16). The cadence is fixed-rate (each
+ping is due one interval after the previous one was due), so a slow ping does not stretch
+the gap (item 18). The held ids are read from the ledger's snapshot tuple, which the event
+loop replaces atomically, so no lock is needed.
+
+For the virtual-time suite, :func:`heartbeat_task` runs the same pings as a trio task.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import trio
+
+from ._version import __version__
+
+log = logging.getLogger("trio_worker")
+
+HeldIds = Callable[[], tuple[str, ...]]
+
+
+def ping_params(held: tuple[str, ...]) -> dict[str, str]:
+    """The ping's query: ``job_id`` omitted when no job is held, as the reference."""
+    params = {"runpod_version": __version__}
+    if held:
+        params = {"job_id": ",".join(held), **params}
+    return params
+
+
+class HeartbeatThread:
+    """Pings from a daemon thread until :meth:`stop`."""
+
+    def __init__(self, url: str, api_key: str, interval: float, held: HeldIds) -> None:
+        self._url = url
+        self._interval = interval
+        self._held = held
+        self._stopping = threading.Event()
+        self._client = httpx.Client(
+            headers={"Authorization": api_key},
+            # A ping that takes longer than two intervals is worth less than the next one.
+            timeout=httpx.Timeout(max(2 * interval, 1.0)),
+        )
+        self._thread = threading.Thread(
+            target=self._loop, name="trio_worker heartbeat", daemon=True
+        )
+        self.sent = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=2 * self._interval + 1.0)
+        self._client.close()
+
+    def ping_now(self) -> None:
+        try:
+            self._client.get(self._url, params=ping_params(self._held()))
+            self.sent += 1
+        except httpx.HTTPError as exc:
+            log.warning("ping failed: %s: %s", type(exc).__name__, exc)
+
+    def _loop(self) -> None:
+        due = time.monotonic()
+        while not self._stopping.is_set():
+            self.ping_now()
+            due += self._interval
+            now = time.monotonic()
+            if due < now:
+                # Fell behind (a slow ping): ping again now rather than in a burst.
+                due = now
+            self._stopping.wait(due - now)
+
+
+async def heartbeat_task(
+    client: httpx.AsyncClient, url: str, interval: float, held: HeldIds
+) -> None:
+    """The same pings as :class:`HeartbeatThread`, as a trio task on trio's clock."""
+    while True:
+        try:
+            await client.get(url, params=ping_params(held()))
+        except httpx.HTTPError as exc:
+            log.warning("ping failed: %s: %s", type(exc).__name__, exc)
+        await trio.sleep(interval)

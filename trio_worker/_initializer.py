@@ -1,0 +1,136 @@
+"""Running the initializer under the SDK's deadline, and the record of its failure (§4, §6).
+
+``trio.move_on_after(init_timeout)`` is the only source of the SDK's timeout, and it is told
+apart by ``cancelled_caught``, so a ``TimeoutError``, ``trio.TooSlowError``, ``socket.timeout``
+or ``asyncio.TimeoutError`` raised by the user's code stays the user's error, with its own
+type (DESIGN §4 I4; the *494* branch got this wrong, PROTOCOL §8 item 26).
+
+A sync initializer runs in a thread that is abandoned when the deadline fires or the
+worker shuts down: Python cannot kill a thread, so the worker exits with ``os._exit`` and
+the thread dies with the process (DESIGN §6.3).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ._categories import classify
+from ._exceptions import InitTimeout
+from ._handlers import _unwrap
+
+Initializer = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class InitFailure:
+    """Why the initializer failed: what every held job is failed with."""
+
+    error_type: str
+    message: str
+    traceback: str
+    category: str
+    logs: str
+    elapsed: float
+    init_timeout: float | None
+    failed_at: float  # trio.current_time() of the failure
+
+
+def validate_init_timeout(init_timeout: float | None) -> float | None:
+    """Check *init_timeout*: None (no SDK bound) or a number >= 0 (0 times out at once).
+
+    Raises:
+        ConfigurationError: for a negative, NaN or non-numeric value.
+    """
+    from ._exceptions import ConfigurationError
+
+    if init_timeout is None:
+        return None
+    if isinstance(init_timeout, bool) or not isinstance(init_timeout, int | float):
+        raise ConfigurationError(
+            f"init_timeout must be a number of seconds or None, got {init_timeout!r}"
+        )
+    if math.isnan(init_timeout) or init_timeout < 0:
+        raise ConfigurationError(f"init_timeout must be >= 0 or None, got {init_timeout!r}")
+    return float(init_timeout)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    target = _unwrap(fn)
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(fn)
+
+
+async def call_initializer(initializer: Initializer) -> None:
+    """Run *initializer* once: awaited when async, in an abandonable thread when sync."""
+    if _is_async(initializer):
+        await initializer()
+        return
+    result = await trio.to_thread.run_sync(
+        initializer,
+        abandon_on_cancel=True,
+        # Its own limiter, so a hung initializer never takes a slot handlers need.
+        limiter=trio.CapacityLimiter(1),
+        thread_name="trio_worker initializer",
+    )
+    if inspect.isawaitable(result):
+        # A sync function returning a coroutine (a wrapped async initializer).
+        await result
+
+
+async def run_initializer(
+    initializer: Initializer,
+    init_timeout: float | None,
+    logs: Callable[[], str],
+) -> InitFailure | None:
+    """Run the initializer under the SDK's deadline; None on success, else the failure.
+
+    *logs* is called only on failure, for the tail of the captured output. Cancellation
+    from outside (shutdown) propagates: it is not a failure.
+    """
+    started = trio.current_time()
+    deadline = math.inf if init_timeout is None else started + init_timeout
+    error: BaseException | None = None
+    with trio.move_on_at(deadline) as scope:
+        try:
+            # A checkpoint inside the scope makes init_timeout=0 time out at once, even for an
+            # initializer that would raise before its first await.
+            await trio.lowlevel.checkpoint()
+            await call_initializer(initializer)
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:
+            error = exc
+    now = trio.current_time()
+    if scope.cancelled_caught:
+        assert init_timeout is not None
+        timeout = InitTimeout(init_timeout)
+        output = logs()
+        return InitFailure(
+            error_type="InitTimeout",
+            message=str(timeout),
+            traceback="",
+            category="timeout",
+            logs=output,
+            elapsed=now - started,
+            init_timeout=init_timeout,
+            failed_at=now,
+        )
+    if error is None:
+        return None
+    output = logs()
+    return InitFailure(
+        error_type=type(error).__name__,
+        message=str(error),
+        traceback="".join(traceback.format_exception(error)),
+        category=classify(error, output),
+        logs=output,
+        elapsed=now - started,
+        init_timeout=init_timeout,
+        failed_at=now,
+    )

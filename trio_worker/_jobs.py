@@ -1,0 +1,256 @@
+"""Running one job: call the handler, stream its chunks, build the terminal report body.
+
+Nothing here decides *whether* a job runs (the supervisor and the gate do); this module
+turns a job that may run into the bytes of its job-done report, and never loses a result
+on the way: an exception, a non-JSON value, an oversized result, a generator that fails
+mid-stream all become a clear error on the job (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
+from ._categories import classify
+from ._errors import (
+    WorkerIdentity,
+    encode_body,
+    generator_error_body,
+    handler_error_body,
+    shutdown_error_body,
+)
+from ._handlers import Handler, HandlerKind, Stream, ThreadWaits, call_handler
+from ._results import (
+    ResultEncodingError,
+    encode_result,
+    output_error_body,
+    result_body,
+    stream_final_body,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._config import Settings
+    from ._lifecycle import HeldJob
+    from ._platform import PlatformClient
+
+log = logging.getLogger("trio_worker")
+
+# Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
+# an unbounded backlog in memory.
+STREAM_PIPELINE_DEPTH = 64
+
+
+class AsyncioUnderTrio(RuntimeError):
+    """A handler used asyncio-only code while the worker runs handlers on trio."""
+
+
+_ASYNCIO_HINTS = ("no running event loop", "no current event loop", "asynclibnotfound")
+
+
+def _explain_backend(exc: BaseException) -> BaseException:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if any(hint in text for hint in _ASYNCIO_HINTS):
+        hinted = AsyncioUnderTrio(
+            f"{exc} -- the handler ran asyncio-only code, but this worker runs async handlers"
+            ' on trio; asyncio code needs start(..., async_backend="asyncio")'
+        )
+        hinted.__cause__ = exc
+        hinted.__traceback__ = exc.__traceback__
+        return hinted
+    return exc
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked for, resolved once at start."""
+
+    handler: Handler
+    kind: HandlerKind
+    return_aggregate_stream: bool
+    refresh_worker: bool
+
+
+@dataclass(frozen=True)
+class Report:
+    """A terminal job-done body, ready to post."""
+
+    body: bytes
+    is_stream: bool
+
+
+class JobRunner:
+    def __init__(
+        self,
+        spec: JobSpec,
+        settings: Settings,
+        client: PlatformClient,
+        capture: OutputCapture | None,
+        limiter: trio.CapacityLimiter,
+        waits: ThreadWaits,
+        shared_process: Callable[[], bool],
+    ) -> None:
+        self.waits = waits
+        self.spec = spec
+        self.settings = settings
+        self.client = client
+        self.capture = capture
+        self.limiter = limiter
+        self.shared_process = shared_process
+        self.identity = WorkerIdentity(
+            worker_id=settings.platform.worker_id,
+            hostname=settings.platform.hostname,
+            sdk_version=client_version(),
+        )
+
+    async def run(self, job: HeldJob) -> Report:
+        """Run the handler on *job*; trio.Cancelled (a stop, shutdown) propagates."""
+        mark = self.capture.mark() if self.capture is not None else 0
+        with job_output(job.id) as output:
+            try:
+                result = await call_handler(
+                    self.spec.handler, self.spec.kind, job.payload, self.limiter, self.waits
+                )
+                if isinstance(result, Stream):
+                    return await self._stream(job, result, output, mark)
+            except trio.Cancelled:
+                raise
+            except BaseException as exc:
+                return self._handler_error(exc, output, mark)
+        return self._result(result)
+
+    def malformed_report(self, job_id: str, reason: str) -> Report:
+        """The error reported on a job that could not be run as delivered."""
+        exc = MalformedJob(f"job {job_id} was not run: {reason}")
+        body = handler_error_body(
+            exc,
+            logs="",
+            category="unknown",
+            identity=self.identity,
+            redactor=self.settings.redactor,
+        )
+        return Report(encode_body(self._with_refresh(body)), is_stream=False)
+
+    def shutdown_report(self, job_id: str, grace: float) -> Report:
+        """The error reported on a job still running when the shutdown grace ran out."""
+        body = shutdown_error_body(
+            job_id=job_id, grace_s=grace, identity=self.identity, redactor=self.settings.redactor
+        )
+        return Report(encode_body(self._with_refresh(body)), is_stream=False)
+
+    def _logs(self, output: JobOutput | None, mark: int) -> str:
+        return logs_for_job(
+            self.capture,
+            output,
+            mark,
+            shared_process=self.shared_process(),
+            limit=self.settings.logs_tail_chars,
+        )
+
+    def _handler_error(self, exc: BaseException, output: JobOutput, mark: int) -> Report:
+        exc = _explain_backend(exc)
+        logs = self._logs(output, mark)
+        body = handler_error_body(
+            exc,
+            logs=logs,
+            category=classify(exc, logs),
+            identity=self.identity,
+            redactor=self.settings.redactor,
+        )
+        return Report(encode_body(self._with_refresh(body)), is_stream=False)
+
+    def _with_refresh(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.spec.refresh_worker:
+            body["stopPod"] = True
+        return body
+
+    def _result(self, value: object) -> Report:
+        body = result_body(value, refresh_worker=self.spec.refresh_worker)
+        return Report(self._encode(body), is_stream=False)
+
+    def _encode(self, body: dict[str, Any]) -> bytes:
+        try:
+            return encode_result(body)
+        except ResultEncodingError as err:
+            log.error("result not deliverable as is: %s", err)
+            return encode_body(
+                output_error_body(
+                    err,
+                    category="unknown",
+                    identity=self.identity,
+                    redactor=self.settings.redactor,
+                    refresh_worker=self.spec.refresh_worker,
+                )
+            )
+
+    async def _stream(self, job: HeldJob, stream: Stream, output: JobOutput, mark: int) -> Report:
+        aggregate: list[object] | None = [] if self.spec.return_aggregate_stream else None
+        final: dict[str, Any] | None = None
+        send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._post_chunks, job.id, receive)
+            async with send:
+                try:
+                    async for chunk in stream:
+                        if isinstance(chunk, dict) and chunk.get("error"):
+                            # The reference's rule: an error chunk ends the stream, unstreamed.
+                            final = {"error": str(chunk["error"])}
+                            break
+                        try:
+                            encoded = encode_result({"output": chunk})
+                        except ResultEncodingError as err:
+                            final = self._chunk_error(err)
+                            break
+                        await send.send(encoded)
+                        if aggregate is not None:
+                            aggregate.append(chunk)
+                except trio.Cancelled:
+                    raise
+                except BaseException as exc:
+                    logs = self._logs(output, mark)
+                    final = generator_error_body(
+                        _explain_backend(exc), logs=logs, redactor=self.settings.redactor
+                    )
+        if final is None:
+            body = stream_final_body(
+                aggregate, aggregate=aggregate is not None, refresh_worker=self.spec.refresh_worker
+            )
+            return Report(self._encode(body), is_stream=True)
+        return Report(encode_body(self._with_refresh(final)), is_stream=True)
+
+    def _chunk_error(self, err: ResultEncodingError) -> dict[str, Any]:
+        return output_error_body(
+            err,
+            category="unknown",
+            identity=self.identity,
+            redactor=self.settings.redactor,
+            refresh_worker=False,
+        )
+
+    async def _post_chunks(self, job_id: str, receive: trio.MemoryReceiveChannel[bytes]) -> None:
+        url = self.settings.platform.stream_url(job_id)
+        async with receive:
+            async for body in receive:
+                # Chunks go out in order, each retried; the generator runs ahead meanwhile
+                # (the reference waits for every POST before advancing, PROTOCOL §8 item 15).
+                with trio.move_on_after(self.settings.timings.report_deadline):
+                    outcome = await self.client.post_report(url, body, job_id=job_id)
+                    if not outcome.delivered:
+                        log.error(
+                            "stream chunk for job %s not delivered: %s", job_id, outcome.last_error
+                        )
+
+
+class MalformedJob(ValueError):
+    """The platform delivered a job the handler cannot be given (e.g. no ``input``)."""
+
+
+def client_version() -> str:
+    from ._version import __version__
+
+    return __version__

@@ -1,0 +1,184 @@
+"""The platform protocol over httpx: take, stop, done, stream (PROTOCOL §2).
+
+Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, stream,
+progress) the other. Cancelling a long-poll can leak a pool slot under contention
+(encode/httpcore#1093), and a report must never wait behind that.
+
+Every request here is a single attempt except :meth:`PlatformClient.post_report`, which
+retries connect errors, timeouts, 408, 429 and 5xx with exponential backoff and full jitter,
+bounded in attempts. The caller bounds the total time with a shielded cancel scope, so the
+deadline runs on trio's clock (MockClock-native) rather than on ``time.monotonic``.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import httpx
+import trio
+
+from ._config import with_query
+from ._exceptions import PlatformError, RateLimited
+from ._version import __version__
+from ._wire import TakeResponse, parse_stop, parse_take
+
+if TYPE_CHECKING:
+    from ._config import PlatformConfig, Timings
+
+log = logging.getLogger("trio_worker")
+
+USER_AGENT = f"trio_worker/{__version__} (Language/Python {platform.python_version()})"
+# The reference sends JSON text under a form content type (PROTOCOL §2.3); the platform
+# parses the raw body. Sending the same keeps us byte-compatible with what it accepts.
+REPORT_CONTENT_TYPE = "application/x-www-form-urlencoded"
+_RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """How a report ended: acknowledged, or given up (with why)."""
+
+    delivered: bool
+    attempts: int
+    last_error: str | None = None
+
+
+def _retry_after(response: httpx.Response, default: float) -> float:
+    raw = response.headers.get("retry-after")
+    if raw is None:
+        return default
+    try:
+        return max(0.0, min(float(raw), 60.0))
+    except ValueError:
+        return default
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
+    return random.uniform(0, min(cap, base * (2**attempt)))
+
+
+class PlatformClient:
+    """Speaks the worker routes for one worker.
+
+    *transport* replaces the network (an ``httpx.ASGITransport`` around the fake platform,
+    in the virtual-time suite); production passes None.
+    """
+
+    def __init__(
+        self,
+        config: PlatformConfig,
+        timings: Timings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.timings = timings
+        headers = {"Authorization": config.api_key, "User-Agent": USER_AGENT}
+        self._polls = httpx.AsyncClient(
+            headers=headers,
+            transport=transport,
+            # Long-polls are bounded by cancel scopes; httpx's per-read timeout would cut
+            # a legitimate hold short.
+            timeout=httpx.Timeout(connect=10.0, read=None, write=10.0, pool=10.0),
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
+        )
+        self._reports = httpx.AsyncClient(
+            headers={**headers, "Content-Type": REPORT_CONTENT_TYPE},
+            transport=transport,
+            timeout=httpx.Timeout(timings.report_deadline),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._polls.aclose()
+            await self._reports.aclose()
+
+    # -- take -----------------------------------------------------------------------------
+
+    def take_url(self, count: int, *, in_progress: bool) -> str:
+        flag = "1" if in_progress else "0"
+        if count == 1:
+            assert self.config.take_url is not None
+            return with_query(self.config.take_url, f"job_in_progress={flag}")
+        assert self.config.batch_take_url is not None
+        return with_query(self.config.batch_take_url, f"batch_size={count}&job_in_progress={flag}")
+
+    async def take(self, count: int, *, in_progress: bool) -> TakeResponse:
+        """One take long-poll for up to *count* jobs.
+
+        Raises:
+            RateLimited: on 429.
+            PlatformError: on any other status but 2xx, 204 and 400 (400 is how the
+                platform says "no job" under FlashBoot).
+            httpx.TransportError: when the platform cannot be reached.
+        """
+        route = "take" if count == 1 else "take_batch"
+        response = await self._polls.get(self.take_url(count, in_progress=in_progress))
+        status = response.status_code
+        if status in (204, 400):
+            return TakeResponse()
+        if status == 429:
+            raise RateLimited(route, _retry_after(response, self.timings.rate_limit_pause))
+        if not 200 <= status < 300:
+            raise PlatformError(route, status)
+        return parse_take(status, response.headers.get("content-type", ""), response.content)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    async def poll_stop(self) -> list[str]:
+        """One stop long-poll: the ids the platform wants stopped.
+
+        Raises:
+            RateLimited, PlatformError, httpx.TransportError: as :meth:`take`.
+        """
+        assert self.config.stop_url is not None
+        response = await self._polls.get(self.config.stop_url)
+        status = response.status_code
+        if status == 204:
+            return []
+        if status == 429:
+            raise RateLimited("stop", _retry_after(response, self.timings.rate_limit_pause))
+        if not 200 <= status < 300:
+            raise PlatformError("stop", status)
+        ids, warning = parse_stop(response.headers.get("content-type", ""), response.content)
+        if warning:
+            log.warning("job-stop answer partly unusable: %s", warning)
+        return ids
+
+    # -- reports --------------------------------------------------------------------------
+
+    async def post_report(self, url: str, body: bytes, *, job_id: str) -> ReportOutcome:
+        """POST one report with bounded retries. Never raises for platform trouble.
+
+        The caller must run this under a shielded scope with a deadline: the retry loop
+        counts attempts, the scope bounds time.
+        """
+        last_error = "no attempt made"
+        attempts = self.timings.report_attempts
+        for attempt in range(attempts):
+            delay = backoff_delay(attempt, self.timings.error_backoff_min, 2.0)
+            try:
+                response = await self._reports.post(url, content=body)
+            except httpx.TransportError as exc:
+                last_error = f"{type(exc).__name__}: {exc}"
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return ReportOutcome(True, attempt + 1)
+                last_error = f"HTTP {status}"
+                if status not in _RETRYABLE_STATUSES:
+                    return ReportOutcome(False, attempt + 1, last_error)
+                if status == 429:
+                    delay = _retry_after(response, delay)
+            if attempt + 1 < attempts:
+                log.warning(
+                    "report for job %s failed (%s); retrying in %.2fs", job_id, last_error, delay
+                )
+                await trio.sleep(delay)
+        return ReportOutcome(False, attempts, last_error)
