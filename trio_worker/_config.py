@@ -43,6 +43,9 @@ DEFAULT_REPORT_DEADLINE = 10.0  # one report, all its retries included
 DEFAULT_REPORT_ATTEMPTS = 6
 DEFAULT_CLAIM_GRACE = 10.0  # the reference's init claim bound (PROTOCOL §5.1)
 DEFAULT_SHUTDOWN_GRACE = 20.0
+# On shutdown a take in flight gets this long to answer before its deadline cuts it: a job
+# already on the wire lands and runs, an empty long-poll is not waited on (DESIGN §9, I8).
+DEFAULT_TAKE_DRAIN = 0.5
 DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce
 DEFAULT_ERROR_BACKOFF_MIN = 0.1
 DEFAULT_ERROR_BACKOFF_MAX = 10.0
@@ -80,6 +83,7 @@ class Timings:
     report_attempts: int = DEFAULT_REPORT_ATTEMPTS
     claim_grace: float = DEFAULT_CLAIM_GRACE
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
+    take_drain: float = DEFAULT_TAKE_DRAIN
     rate_limit_pause: float = DEFAULT_RATE_LIMIT_PAUSE
     error_backoff_min: float = DEFAULT_ERROR_BACKOFF_MIN
     error_backoff_max: float = DEFAULT_ERROR_BACKOFF_MAX

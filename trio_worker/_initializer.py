@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import trio
 
 from ._categories import classify
+from ._errors import format_traceback, safe_str
 from ._exceptions import InitTimeout
 from ._handlers import _unwrap
 
@@ -126,8 +126,8 @@ async def run_initializer(
     output = logs()
     return InitFailure(
         error_type=type(error).__name__,
-        message=str(error),
-        traceback="".join(traceback.format_exception(error)),
+        message=safe_str(error),
+        traceback=format_traceback(error),
         category=classify(error, output),
         logs=output,
         elapsed=now - started,

@@ -18,6 +18,7 @@ from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
 from ._errors import (
     WorkerIdentity,
+    clip,
     encode_body,
     generator_error_body,
     handler_error_body,
@@ -199,7 +200,7 @@ class JobRunner:
                     async for chunk in stream:
                         if isinstance(chunk, dict) and chunk.get("error"):
                             # The reference's rule: an error chunk ends the stream, unstreamed.
-                            final = {"error": str(chunk["error"])}
+                            final = {"error": self._error_chunk_text(chunk["error"])}
                             break
                         try:
                             encoded = encode_result({"output": chunk})
@@ -222,6 +223,10 @@ class JobRunner:
             )
             return Report(self._encode(body), is_stream=True)
         return Report(encode_body(self._with_refresh(final)), is_stream=True)
+
+    def _error_chunk_text(self, error: object) -> str:
+        # The user's own error text still leaves the process: redact and bound it (I6).
+        return clip(self.settings.redactor.redact(str(error)))
 
     def _chunk_error(self, err: ResultEncodingError) -> dict[str, Any]:
         return output_error_body(

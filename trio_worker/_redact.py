@@ -9,7 +9,10 @@ and they protect nothing anyway.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 REDACTED = "[REDACTED]"
 _SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD")

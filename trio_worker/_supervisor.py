@@ -150,7 +150,7 @@ class Supervisor:
         self.shutting_down = True
         now = trio.current_time()
         self._shutdown_deadline = now + self.timings.shutdown_grace
-        self._shorten_take(now + min(self.timings.claim_grace, self.timings.shutdown_grace))
+        self._shorten_take(now + min(self.timings.take_drain, self.timings.shutdown_grace))
         self._idle_scope.cancel()
         self._stop_scope.cancel()
         self._init_scope.cancel()

@@ -1,0 +1,436 @@
+"""fd-level capture of stdout and stderr (DESIGN §8).
+
+Theory of operation
+-------------------
+`OutputCapture.install` saves a duplicate of whatever fds 1 and 2 point at, then points
+them at the write ends of two pipes. One daemon reader thread waits on both read ends and
+a control pipe with ``selectors``. Every chunk it reads is written in full to the saved fd,
+so the container log still receives everything, in order per fd, and is appended to one
+byte ring shared by both fds. Since the redirection is at the fd level, the ring also sees
+what C extensions, CUDA and child processes (which inherit fds 1 and 2) write.
+
+Positions are absolute byte counts since install (`OutputCapture.mark`), so "everything
+since this job started" costs nothing until it is asked for. Text leaves only through
+`OutputCapture.text_since`, which decodes and redacts at read-out time: a secret split
+over two writes is whole again in the ring, and the window is cut out only after
+redaction (``redact_from``). The ring keeps ``EDGE_CONTEXT`` bytes beyond ``tail_bytes``
+for that.
+
+`OutputCapture.flush` is what makes a mark exact: it flushes Python and C stdio, then
+waits (bounded) until the pipes are empty and the reader holds no chunk.
+
+Deadlock: a writer that holds the GIL while blocked in write(2) on a full pipe cannot be
+rescued by a reader that needs the GIL (minrk/wurlitzer#20). The pipes are grown to 1 MiB
+with F_SETPIPE_SZ, and the reader loop does little with the GIL held.
+
+Stopping never closes an fd the reader may be blocked on (TRIO_NOTES B4 pitfall 3): fds
+1/2 are restored, then the reader is woken through the control pipe. It drains what is
+buffered and exits at EOF. A child process that still holds a write end keeps the reader
+forwarding its output in the background until it exits, so the child neither hangs
+``stop()`` nor dies of SIGPIPE (B4 pitfall 2).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import errno
+import fcntl
+import functools
+import os
+import select
+import selectors
+import sys
+import termios
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._capture_jobs import (
+    EDGE_CONTEXT,
+    SHARED_OUTPUT_HEADER,
+    JobOutput,
+    install_python_stream_attribution,
+    job_output,
+    logs_for_job,
+    redact_from,
+)
+
+if TYPE_CHECKING:
+    from ._redact import Redactor
+
+__all__ = [
+    "SHARED_OUTPUT_HEADER",
+    "JobOutput",
+    "OutputCapture",
+    "install_python_stream_attribution",
+    "job_output",
+    "logs_for_job",
+]
+
+READER_THREAD_NAME = "trio_worker-output-capture"
+
+_MAX_PIPE_SIZE = 1 << 20
+_MIN_PIPE_SIZE = 1 << 16
+_READ_SIZE = 1 << 16
+_FLUSH_TIMEOUT = 1.0
+
+
+@dataclass(eq=False)
+class _Redirect:
+    fd: int  # 1 or 2
+    saved: int  # what fd pointed at before install; the pass-through destination
+    read_end: int
+    pipe_id: tuple[int, int]  # (st_dev, st_ino): recognises our pipe on fd at restore time
+    forwarding: bool = True  # False once the destination refuses writes (closed downstream)
+
+
+class OutputCapture:
+    """Captures fds 1 and 2 while passing everything through; see the module docstring."""
+
+    def __init__(self, redirects: list[_Redirect], redactor: Redactor, tail_bytes: int) -> None:
+        self._redirects = redirects
+        self._redactor = redactor
+        self._tail_bytes = tail_bytes
+        self._ring = bytearray()
+        self._capacity = tail_bytes + EDGE_CONTEXT
+        self._total = 0
+        # Guards the ring, _busy and _open_reads; flush() waits on it for the reader.
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = False
+        self._open_reads = {r.read_end for r in redirects}
+        self._reader_done = False
+        self._fd_lock = threading.Lock()
+        self._restored = False
+        self._active = True
+        self._drained = threading.Event()
+        self._ctl_read, self._ctl_write = os.pipe()
+        self._thread = threading.Thread(target=self._run, name=READER_THREAD_NAME, daemon=True)
+
+    @classmethod
+    def install(cls, *, redactor: Redactor, tail_bytes: int = 1 << 20) -> OutputCapture:
+        """Capture fds 1 and 2 for the rest of the process life (or until `stop`).
+
+        Everything still passes through to the real stdout/stderr, in order per fd.
+        Captures nest if stopped in LIFO order. Raises OSError if fd 1 or 2 is not open.
+        """
+        if tail_bytes <= 0:
+            raise ValueError(f"tail_bytes must be positive, got {tail_bytes}")
+        # Output buffered before the swap belongs to the old destination, ahead of ours.
+        _flush_stdio()
+        redirects: list[_Redirect] = []
+        capture: OutputCapture | None = None
+        try:
+            for fd in (1, 2):
+                redirects.append(_redirect(fd))
+            capture = cls(redirects, redactor, tail_bytes)
+            capture._thread.start()
+        except BaseException:
+            # Without a reader the pipes would fill and block every writer: undo it all.
+            for done in reversed(redirects):
+                _dup2(done.saved, done.fd)
+                _close_all([done.saved, done.read_end])
+            if capture is not None:
+                _close_all([capture._ctl_read, capture._ctl_write])
+            raise
+        # Interpreter exit flushes sys.stdout and C stdio after atexit; by then fds 1/2 must
+        # be the real ones again, or that output lands in a pipe nobody forwards.
+        atexit.register(capture.stop)
+        return capture
+
+    @property
+    def active(self) -> bool:
+        """True from install until `stop` (or until the reader thread died)."""
+        return self._active and not self._reader_done
+
+    @property
+    def redactor(self) -> Redactor:
+        return self._redactor
+
+    def mark(self) -> int:
+        """The absolute number of bytes captured so far (both fds), after a `flush`."""
+        self.flush()
+        with self._cond:
+            return self._total
+
+    def text_since(self, mark: int, limit: int = 16384) -> str:
+        """Redacted, decoded output captured since *mark*: its last *limit* characters.
+
+        If the ring no longer holds everything since *mark*, what it holds (at most
+        ``tail_bytes``). Flushes first.
+        """
+        if limit <= 0:
+            return ""
+        self.flush()
+        with self._cond:
+            total = self._total
+            base = total - len(self._ring)
+            start = max(mark, total - self._tail_bytes, base)
+            if start >= total:
+                return ""
+            context = max(start - EDGE_CONTEXT, base)
+            window = bytes(self._ring[context - base :])
+        cut = _char_start(window, start - context)
+        text = window.decode(errors="replace")
+        # window[:cut] ends on a character boundary, so it decodes to a prefix of text.
+        cut_chars = len(window[:cut].decode(errors="replace"))
+        return redact_from(self._redactor, text, cut_chars)[-limit:]
+
+    def tail(self, limit: int = 16384) -> str:
+        """The last *limit* characters of all captured output, redacted."""
+        return self.text_since(0, limit)
+
+    def flush(self) -> None:
+        """Flush Python and C stdio, then wait (at most 1 s) until the reader has
+        consumed everything written to fds 1/2 so far."""
+        _flush_stdio()
+        deadline = time.monotonic() + _FLUSH_TIMEOUT
+        with self._cond:
+            # Pipe first, then _busy: the reader sets _busy before it reads, under this
+            # lock, so an empty pipe seen here with _busy clear means nothing is in flight.
+            while not self._reader_done and (self._unread() or self._busy):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(remaining)
+
+    def stop(self) -> None:
+        """Flush, restore fds 1/2 (if they are still ours), drain and stop the reader.
+
+        Idempotent. Bounded: a child process still holding the pipe does not keep
+        ``stop()`` waiting; its output keeps being forwarded until it closes the pipe.
+        """
+        with self._fd_lock:
+            if not self._active:
+                return
+            self._active = False
+        atexit.unregister(self.stop)
+        self.flush()
+        self._restore_fds()
+        # Never close a read end here (the reader may be in select on it): wake it instead.
+        with contextlib.suppress(OSError):
+            os.write(self._ctl_write, b"\0")
+        os.close(self._ctl_write)
+        deadline = time.monotonic() + _FLUSH_TIMEOUT
+        self._drained.wait(_FLUSH_TIMEOUT)
+        with self._cond:
+            all_closed = not self._open_reads
+        if all_closed:
+            self._thread.join(max(deadline - time.monotonic(), 0.0))
+
+    # --- the reader thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        selector = selectors.DefaultSelector()
+        stopping = False
+        try:
+            for r in self._redirects:
+                selector.register(r.read_end, selectors.EVENT_READ, r)
+            selector.register(self._ctl_read, selectors.EVENT_READ, None)
+            live = len(self._redirects)
+            while live:
+                # Once stopping, one non-blocking round tells stop() the pipes are drained;
+                # after that only children can still write, and we wait for their EOF.
+                poll = stopping and not self._drained.is_set()
+                events = selector.select(0 if poll else None)
+                if not events:
+                    self._drained.set()
+                for key, _ in events:
+                    redirect: _Redirect | None = key.data
+                    if redirect is None:
+                        selector.unregister(self._ctl_read)
+                        stopping = True
+                    elif not self._pump(redirect):
+                        selector.unregister(redirect.read_end)
+                        live -= 1
+        except BaseException:
+            # Nobody would empty the pipes any more, and writers would block on them: give
+            # the process its real fds back before saying what happened.
+            self._restore_fds()
+            report = f"trio_worker: output capture failed\n{traceback.format_exc()}".encode()
+            with contextlib.suppress(OSError):
+                # The saved fd, not fd 2: if fd 2 was not ours to restore, it may still be
+                # our pipe, which nobody will read now.
+                os.write(self._redirects[-1].saved, report)
+        finally:
+            selector.close()
+            self._finish_reader()
+
+    def _pump(self, redirect: _Redirect) -> bool:
+        """Move one chunk from the pipe to the destination and the ring; False at EOF."""
+        with self._cond:
+            self._busy = True
+        try:
+            data: bytes | None = os.read(redirect.read_end, _READ_SIZE)
+        except BlockingIOError:
+            data = None
+        if data:
+            self._forward(redirect, data)
+        with self._cond:
+            if data:
+                self._append(data)
+            elif data == b"":
+                self._open_reads.discard(redirect.read_end)
+            self._busy = False
+            self._cond.notify_all()
+        return data != b""
+
+    def _forward(self, redirect: _Redirect, data: bytes) -> None:
+        if not redirect.forwarding:
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(redirect.saved, view) :]
+            except BlockingIOError:
+                # Someone made the shared file description non-blocking (it is shared with
+                # whatever else holds the real stdout); wait for room instead of spinning.
+                _wait_writable(redirect.saved)
+            except OSError:
+                # The reader of the real stdout is gone; keep capturing regardless.
+                redirect.forwarding = False
+                return
+
+    def _append(self, data: bytes) -> None:
+        ring = self._ring
+        ring += data
+        self._total += len(data)
+        excess = len(ring) - self._capacity
+        if excess > 0:
+            # Deleting from the front of a bytearray only moves its start pointer.
+            del ring[:excess]
+
+    def _unread(self) -> int:
+        pending = 0
+        for fd in self._open_reads:
+            buf = bytearray(4)
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+                pending += int.from_bytes(buf, sys.byteorder)
+        return pending
+
+    def _restore_fds(self) -> None:
+        with self._fd_lock:
+            if self._restored:
+                return
+            self._restored = True
+            for r in self._redirects:
+                # LIFO safety: if someone redirected fd after us (a nested capture, pytest),
+                # it is theirs to restore; clobbering it would break their capture.
+                with contextlib.suppress(OSError):
+                    if _identity(r.fd) == r.pipe_id:
+                        _dup2(r.saved, r.fd)
+
+    def _finish_reader(self) -> None:
+        with self._cond:
+            self._open_reads.clear()
+            self._reader_done = True
+            self._busy = False
+            self._cond.notify_all()
+        self._drained.set()
+        _close_all([r.read_end for r in self._redirects] + [self._ctl_read])
+        _close_all([r.saved for r in self._redirects])
+
+
+# --- fd plumbing ------------------------------------------------------------------------
+
+
+def _redirect(fd: int) -> _Redirect:
+    saved = os.dup(fd)
+    try:
+        read_end, write_end = os.pipe()
+    except BaseException:
+        os.close(saved)
+        raise
+    try:
+        _grow_pipe(write_end)
+        os.set_blocking(read_end, False)
+        pipe_id = _identity(write_end)
+        _dup2(write_end, fd)
+    except BaseException:
+        _close_all([saved, read_end])
+        raise
+    finally:
+        # fd now holds the only write end we need; children inherit it from there.
+        os.close(write_end)
+    return _Redirect(fd=fd, saved=saved, read_end=read_end, pipe_id=pipe_id)
+
+
+def _grow_pipe(fd: int) -> None:
+    """As large as allowed, up to 1 MiB, so a GIL-holding writer rarely meets a full pipe."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if set_size is None:  # not Linux
+        return
+    try:
+        with open("/proc/sys/fs/pipe-max-size", encoding="ascii") as f:
+            size = min(int(f.read()), _MAX_PIPE_SIZE)
+    except (OSError, ValueError):
+        size = _MAX_PIPE_SIZE
+    while size >= _MIN_PIPE_SIZE:
+        try:
+            fcntl.fcntl(fd, set_size, size)
+            return
+        except OSError:
+            # EPERM once the user's pipe-buffer quota (pipe-user-pages-soft) is used up.
+            size //= 2
+
+
+def _dup2(src: int, dst: int) -> None:
+    # Linux dup2 can fail with EBUSY while another thread is inside open() on dst.
+    for _ in range(100):
+        try:
+            os.dup2(src, dst)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+    os.dup2(src, dst)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)
+
+
+def _wait_writable(fd: int) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    poller.poll()
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _char_start(data: bytes, index: int) -> int:
+    """*index* moved back to the start of the UTF-8 character it falls in."""
+    for _ in range(3):
+        if 0 < index < len(data) and data[index] & 0xC0 == 0x80:
+            index -= 1
+    return index
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.fflush.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _flush_stdio() -> None:
+    """Flush Python's and C's user-space buffers into fds 1 and 2."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    libc = _libc()
+    if libc is not None:
+        libc.fflush(None)  # NULL: every C stdio stream, CUDA's and extensions' included

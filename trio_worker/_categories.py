@@ -1,0 +1,414 @@
+"""The ``error_category`` of a failure: an ordered, documented rule table (DESIGN §7).
+
+Why a category at all: the person reading a FAILED job in the console (or the tool that
+pages them) needs to know at a glance whether to fix their code, their image, their model
+repository or their GPU host. A Python class name cannot say that: a CUDA out-of-memory is
+a ``torch.OutOfMemoryError`` in one release, a ``RuntimeError`` in another, and only a line
+of kernel output when the OOM killer took a child process.
+
+Theory of operation
+-------------------
+``RULES`` is read top to bottom and the **first rule that matches wins**. A rule matches
+when one of its ``exception_types`` names a class anywhere in the MRO of an exception in
+the chain, or one of its ``patterns`` is found in a message of the chain.
+
+The evidence is read in two tiers:
+
+1. the exception chain: the exception, its ``__cause__`` and ``__context__`` (even a
+   context hidden by ``raise ... from None``: hiding it is a display choice, the evidence is
+   still true), the members of an ``ExceptionGroup``, and their ``__notes__``;
+2. only when no rule matched the chain, the captured output.
+
+The exception is read first because it is specific to this failure, while the captured
+output is a shared, noisy tail: a model loader that logged a retried "Connection refused"
+ten minutes ago should not make a later ``PermissionError`` a network problem. The output
+tier is what classifies failures the exception cannot describe: a child process killed by
+the OOM killer, an engine whose core process died ("see root cause above"), NCCL warnings
+printed by C++ code.
+
+Order encodes precedence. The table (and the messages each rule was tested against) is
+``docs/error-categories.md``; ``tests/test_categories.py`` checks that the two agree.
+Notable choices:
+
+- ``out_of_memory`` comes before ``cuda_error``: "CUDA error: out of memory" and
+  ``CUBLAS_STATUS_ALLOC_FAILED`` are out-of-memory conditions, not driver faults.
+- ``cuda_error`` comes before ``import_error``: an ``ImportError`` because
+  ``libcudart.so.12`` cannot be opened is a CUDA installation problem.
+- Hugging Face offline errors (``LocalEntryNotFoundError`` is also a
+  ``FileNotFoundError``) are ``network``; a gated or unauthorised repository (HTTP 401/403)
+  is ``permission``. Both come before ``file_not_found``.
+- ``timeout`` and ``worker_shutdown`` are never produced here: only the SDK's own init
+  deadline is a ``timeout`` and only the SDK's shutdown is a ``worker_shutdown``; the caller
+  passes those explicitly. A ``TimeoutError``, ``trio.TooSlowError``, ``socket.timeout`` or
+  ``asyncio.TimeoutError`` raised by user code is the user's own error (DESIGN I4): it is
+  classified by its message like any other exception, which usually means ``unknown``
+  (``network`` when it says, for example, "[Errno 110] Connection timed out").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["RULES", "Category", "Rule", "classify"]
+
+Category = Literal[
+    "out_of_memory",
+    "cuda_error",
+    "timeout",
+    "import_error",
+    "file_not_found",
+    "network",
+    "disk_full",
+    "permission",
+    "worker_shutdown",
+    "unknown",
+]
+
+# Bounds that keep classification cheap on the error path whatever the user raised:
+# huge messages are read by their head and tail, and pathological chains or groups are
+# walked only so far.
+_MAX_TEXT_SCAN = 64 * 1024
+_MAX_CHAIN = 64
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the category table.
+
+    ``exception_types`` are class names (``cls.__name__``) looked up in the whole MRO, so
+    ``"ConnectionError"`` also matches ``ConnectionRefusedError`` and
+    ``requests.exceptions.ConnectionError``. ``patterns`` are written in lower case and
+    searched in the lower-cased messages of the exception chain and, in the second tier, in
+    the lower-cased captured output.
+    """
+
+    category: Category
+    name: str
+    exception_types: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+    description: str
+
+
+def _lc(*regexes: str) -> tuple[re.Pattern[str], ...]:
+    """Patterns written in lower case, matched against lower-cased text.
+
+    Case-insensitive in effect (tracebacks, logs and C libraries disagree on case), but a
+    case-sensitive search is about 20 times faster: re only skips ahead by a literal prefix
+    when matching case-sensitively, which is also why no pattern starts with ``\\b``.
+    """
+    return tuple(re.compile(r) for r in regexes)
+
+
+# Shared libraries whose absence or mismatch is a CUDA installation problem.
+_CUDA_LIBRARY = (
+    r"lib(?:cuda|cudart|cublas(?:lt)?|cudnn\w*|nccl|nvrtc|cufft|curand|cusparse|cusolver"
+    r"|nvjitlink|nvtoolsext|nvidia-ml)\b[\w.\-]*\.so"
+)
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        category="out_of_memory",
+        name="oom",
+        exception_types=("MemoryError", "OutOfMemoryError", "ResourceExhaustedError"),
+        patterns=_lc(
+            r"out of memory",
+            r"memoryerror\b",  # also outofmemoryerror, _arraymemoryerror
+            r"oom when allocating\b",
+            r"std::bad_alloc",
+            r"cannot allocate memory",
+            r"\[errno 12\]",
+            r"oom[-_]kill",
+            r"killed process \d+",
+            r"cublas_status_alloc_failed\b",
+            r"cudnn_status_alloc_failed\b",
+            r"cudaerrormemoryallocation\b",
+            r"cuda_error_out_of_memory\b",
+        ),
+        description=(
+            "Host or GPU memory exhausted: CUDA/HIP out of memory, MemoryError, "
+            "std::bad_alloc, ENOMEM, the kernel OOM killer, allocator failures in cuBLAS/cuDNN."
+        ),
+    ),
+    Rule(
+        category="cuda_error",
+        name="cuda",
+        exception_types=(
+            "AcceleratorError",
+            "CUDARuntimeError",
+            "CUDADriverError",
+            "CuDNNError",
+            "CUBLASError",
+            "NCCLError",
+            "NVMLError",
+        ),
+        patterns=_lc(
+            r"cuda (?:runtime )?error\b",
+            r"hip error:",
+            r"device-side assert",
+            r"illegal memory access",
+            r"cuda kernel errors might be asynchronously reported",
+            r"cublas_status_\w+",
+            r"cudnn_status_\w+",
+            r"cudnn error\b",
+            r"nccl error\b",
+            r"nccl\w*error\b",
+            r"cudaerror\w+",
+            r"cuda_error_\w+",
+            r"found no nvidia driver",
+            r"nvidia driver on your system is too old",
+            r"torch not compiled with cuda enabled",
+            r"torch\.cuda\.is_available\(\) is false",
+            r"cuda driver version is insufficient",
+            r"no cuda-capable device is detected",
+            r"no cuda gpus are available",
+            r"cuda-capable device\(s\) is/are busy or unavailable",
+            r"gpu has fallen off the bus",
+            r"failed to initialize nvml",
+            r"nvidia-smi has failed",
+            r"nvrm: xid",
+            r"xid \(pci:",
+            _CUDA_LIBRARY,
+        ),
+        description=(
+            "The GPU stack failed: CUDA/HIP runtime errors, device-side asserts, illegal "
+            "memory access, cuBLAS/cuDNN/NCCL errors, Xid events, no GPU or driver too old, "
+            "missing CUDA libraries."
+        ),
+    ),
+    Rule(
+        category="disk_full",
+        name="disk_full",
+        exception_types=(),
+        patterns=_lc(
+            r"no space left on device",
+            r"\[errno 28\]",
+            r"disk quota exceeded",
+            r"\[errno 122\]",
+            r"enospc\b",
+            r"edquot\b",
+            r"insufficient shared memory \(shm\)",
+        ),
+        description=(
+            "A filesystem is full (ENOSPC) or over quota (EDQUOT), including /dev/shm; "
+            "usually the container disk or the network volume."
+        ),
+    ),
+    Rule(
+        category="import_error",
+        name="import",
+        exception_types=("ImportError",),
+        # no "No module named" text pattern: optional-dependency warnings ("No module named
+        # 'triton'" from xformers on every start) fill captured output, and an ImportError
+        # in the chain is already matched by its type.
+        patterns=_lc(
+            r"cannot open shared object file",
+            r"undefined symbol: ",
+            r"dll load failed",
+        ),
+        description=(
+            "A Python module or native library could not be loaded: ModuleNotFoundError, "
+            "ImportError, a missing .so, an undefined symbol (ABI mismatch)."
+        ),
+    ),
+    Rule(
+        category="network",
+        name="hf_offline",
+        exception_types=("LocalEntryNotFoundError", "OfflineModeIsEnabled"),
+        patterns=_lc(
+            r"we couldn't connect to '",
+            r"cannot find the requested files in the local cache",
+        ),
+        description=(
+            "Hugging Face could not reach the Hub and the file is not cached. Listed before "
+            "file_not_found because LocalEntryNotFoundError is also a FileNotFoundError."
+        ),
+    ),
+    Rule(
+        category="permission",
+        name="hf_access",
+        exception_types=("GatedRepoError",),
+        patterns=_lc(
+            r"401 client error\b",
+            r"403 client error\b",
+            r"access to model \S+ is restricted",
+            r"gated repo\b",
+        ),
+        description=(
+            "A model repository refused access: gated repository, missing or invalid "
+            "HF_TOKEN (HTTP 401/403). The Hub also answers 401 for a repository that does not "
+            "exist when no token is sent, so a typo in a repo id can land here."
+        ),
+    ),
+    Rule(
+        category="file_not_found",
+        name="file_not_found",
+        exception_types=(
+            "FileNotFoundError",
+            "EntryNotFoundError",
+            "RepositoryNotFoundError",
+            "RevisionNotFoundError",
+        ),
+        patterns=_lc(
+            r"no such file or directory",
+            r"\[errno 2\]",
+            r"does not appear to have a file named",
+            r"entry not found\b",
+            r"repository not found\b",
+            r"revision not found\b",
+            r"is not a local folder and is not a valid model identifier",
+        ),
+        description=(
+            "A file, model file, repository or revision does not exist: FileNotFoundError, "
+            "ENOENT, Hugging Face 404s."
+        ),
+    ),
+    Rule(
+        category="network",
+        name="network",
+        exception_types=(
+            "ConnectionError",
+            "ConnectError",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "NetworkError",
+            "ReadTimeoutError",
+            "ConnectTimeoutError",
+            "MaxRetryError",
+            "NewConnectionError",
+            "NameResolutionError",
+            "ClientConnectionError",
+            "ServerTimeoutError",
+            "gaierror",
+            "herror",
+            "SSLError",
+        ),
+        patterns=_lc(
+            r"max retries exceeded with url",
+            r"failed to establish a new connection",
+            r"temporary failure in name resolution",
+            r"name or service not known",
+            r"nodename nor servname provided",
+            r"could not resolve host",
+            r"connection refused",
+            r"connection reset by peer",
+            r"connection aborted",
+            r"connection timed out",
+            r"network is unreachable",
+            r"no route to host",
+            r"remote end closed connection",
+            r"cannot connect to host",
+            r"read timed out",
+            r"readtimeouterror\b",
+            r"could not find a version that satisfies the requirement",
+            r"no matching distribution found",
+            r"httperror: 5\d\d\b",
+            r"http error 5\d\d\b",
+            r"5\d\d server error\b",
+            r"429 client error\b",
+        ),
+        description=(
+            "A remote host could not be reached or failed: DNS, refused or reset "
+            "connections, connect/read timeouts of HTTP clients, HTTP 5xx and 429, pip "
+            "unable to download a package."
+        ),
+    ),
+    Rule(
+        category="permission",
+        name="permission",
+        exception_types=("PermissionError",),
+        patterns=_lc(
+            r"permission denied",
+            r"\[errno 13\]",
+            r"operation not permitted",
+            r"\[errno 1\]",
+            r"read-only file system",
+            r"eacces\b",
+            r"eperm\b",
+        ),
+        description=(
+            "The operating system refused: EACCES, EPERM, a read-only filesystem "
+            "(for example writing into the image's read-only layers or a mounted volume)."
+        ),
+    ),
+)
+
+
+def classify(exc: BaseException | None, output: str = "") -> Category:
+    """The category of a failure, from its exception chain and then the captured output.
+
+    Never returns ``"timeout"`` or ``"worker_shutdown"``: those are set by the caller for
+    the SDK's own init deadline and shutdown. Returns ``"unknown"`` when no rule matches.
+
+    >>> classify(MemoryError())
+    'out_of_memory'
+    >>> classify(RuntimeError("engine died"), output="CUDA error: device-side assert triggered")
+    'cuda_error'
+    >>> classify(TimeoutError("timed out"))
+    'unknown'
+    """
+    if exc is not None:
+        chain = list(_walk(exc))
+        type_names = [_mro_names(e) for e in chain]
+        messages = [_scan_text(m).lower() for e in chain for m in _messages(e)]
+        for rule in RULES:
+            if any(names.intersection(rule.exception_types) for names in type_names):
+                return rule.category
+            if any(p.search(m) for p in rule.patterns for m in messages):
+                return rule.category
+    if output:
+        text = _scan_text(output).lower()
+        for rule in RULES:
+            if any(p.search(text) for p in rule.patterns):
+                return rule.category
+    return "unknown"
+
+
+def _walk(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, its causes, contexts and group members, each once, outermost first."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack and len(seen) < _MAX_CHAIN:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        nested: list[BaseException] = []
+        if isinstance(current, BaseExceptionGroup):
+            nested.extend(current.exceptions)
+        if current.__cause__ is not None:
+            nested.append(current.__cause__)
+        if current.__context__ is not None:
+            nested.append(current.__context__)
+        stack.extend(reversed(nested))
+
+
+def _mro_names(exc: BaseException) -> frozenset[str]:
+    return frozenset(cls.__name__ for cls in type(exc).__mro__)
+
+
+def _messages(exc: BaseException) -> list[str]:
+    """``str(exc)`` and any PEP 678 notes; a broken ``__str__`` yields nothing."""
+    texts: list[str] = []
+    try:
+        texts.append(str(exc))
+    except Exception:
+        pass
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        texts.extend(n for n in notes if isinstance(n, str))
+    return texts
+
+
+def _scan_text(text: str) -> str:
+    """Head and tail of a huge text, so matching stays fast; the middle of a 2 MB message
+    is very unlikely to be the only place a rule's evidence appears."""
+    if len(text) <= _MAX_TEXT_SCAN:
+        return text
+    half = _MAX_TEXT_SCAN // 2
+    return text[:half] + "\n" + text[-half:]
