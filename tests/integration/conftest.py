@@ -1,0 +1,94 @@
+"""Fixtures for end-to-end tests: the fake platform over loopback, worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+import trio
+
+from trio_worker.testing import FakePlatform, run_platform_server
+
+WORKER_APP = Path(__file__).with_name("worker_app.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Platform:
+    fake: FakePlatform
+    url: str
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
+        env.update(self.fake.worker_env(self.url, ping_interval_ms=200))
+        env["PYTHONPATH"] = str(REPO)
+        env.update(overrides)
+        return env
+
+
+@dataclass
+class WorkerProcess:
+    process: trio.Process
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+
+    @property
+    def output(self) -> str:
+        return (self.stdout + self.stderr).decode(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def wait(self, timeout: float = 30.0) -> int:
+        with trio.fail_after(timeout):
+            return await self.process.wait()
+
+
+async def _pump(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
+    async for chunk in stream:
+        into.extend(chunk)
+
+
+@pytest.fixture
+async def platform() -> AsyncIterator[Platform]:
+    fake = FakePlatform(take_hold=1.0, stop_hold=1.0)
+    async with run_platform_server(fake) as url:
+        yield Platform(fake, url)
+
+
+class Spawn(Protocol):
+    async def __call__(self, env: dict[str, str], *args: str) -> WorkerProcess: ...
+
+
+@pytest.fixture
+async def spawn(nursery: trio.Nursery) -> AsyncIterator[Spawn]:
+    """``await spawn(env, *args)`` starts worker_app.py; killed at teardown if still alive."""
+    started: list[WorkerProcess] = []
+
+    async def start(env: dict[str, str], *args: str) -> WorkerProcess:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, str(WORKER_APP), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        worker = WorkerProcess(process)
+        assert process.stdout is not None and process.stderr is not None
+        nursery.start_soon(_pump, process.stdout, worker.stdout)
+        nursery.start_soon(_pump, process.stderr, worker.stderr)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.process.returncode is None:
+            os.killpg(worker.process.pid, signal.SIGKILL)
+            await worker.process.wait()
