@@ -12,6 +12,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -86,6 +87,12 @@ def init_user_timeout() -> None:
     raise TimeoutError("download of model.safetensors timed out")
 
 
+def init_leaves_thread_then_raises() -> None:
+    # A framework's non-daemon thread: sys.exit would wait for it for ever.
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+    raise RuntimeError("engine failed to start")
+
+
 INITIALIZERS: dict[str, Callable[[], Any]] = {
     "ok": init_ok,
     "oom": init_oom,
@@ -93,6 +100,7 @@ INITIALIZERS: dict[str, Callable[[], Any]] = {
     "hang": init_hang,
     "cuda_fault": init_cuda_fault,
     "user_timeout": init_user_timeout,
+    "leaves_thread": init_leaves_thread_then_raises,
 }
 
 # -- handlers -----------------------------------------------------------------------------
