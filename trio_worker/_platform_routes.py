@@ -1,0 +1,340 @@
+"""HTTP plumbing of the fake platform, and its endpoint (client) API routes.
+
+The worker routes live on :class:`~trio_worker._platform_app.FakePlatform` itself; what is
+here is shared by both: the request/response objects, the long-poll helper :func:`hold`,
+fault answers, body parsing, and the endpoint API (``/run``, ``/runsync``, ``/status``,
+``/stream``, ``/cancel``, ``/health``, ``/purge-queue``) plus ``/_stats`` and ``/_env``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import parse_qsl
+
+import httpx
+import trio
+
+from ._http_server import AbortConnection
+from ._platform_core import encode_json
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._http_server import Message, Receive, Send
+    from ._platform_app import FakePlatform
+    from ._platform_records import Fault, JobRecord, RecordedRequest
+
+_T = TypeVar("_T")
+
+JSON_TYPE: Final = b"application/json"
+
+
+class ConnectionDropped(AbortConnection, httpx.RemoteProtocolError):
+    """An injected ``Fault(drop=True)``.
+
+    Over a real socket the server closes the connection unanswered. Through
+    ``httpx.ASGITransport`` this exception reaches the client itself, and since it is an
+    ``httpx.RemoteProtocolError`` the worker handles it exactly as a real dropped
+    connection ("Server disconnected without sending a response").
+    """
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was held; nothing is sent."""
+
+
+class Response:
+    """What a route answers; ``undo`` runs if the answer cannot be delivered."""
+
+    __slots__ = ("body", "content_type", "status", "undo")
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: bytes = JSON_TYPE,
+        undo: Callable[[], None] | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.undo = undo
+
+
+def json_response(status: int, value: object) -> Response:
+    return Response(status, encode_json(value))
+
+
+NO_CONTENT: Final = Response(204)
+OK: Final = Response(200, b"{}")
+
+
+class Request:
+    """One parsed request, as the routes see it."""
+
+    __slots__ = ("args", "body", "headers", "method", "query", "receive", "record", "route")
+
+    def __init__(self, record: RecordedRequest, args: list[str], receive: Receive) -> None:
+        self.record = record
+        self.route = record.route
+        self.method = record.method
+        self.query = record.query
+        self.headers = record.headers
+        self.body = record.body
+        self.args = args
+        self.receive = receive
+
+
+async def hold(
+    request: Request,
+    seconds: float,
+    attempt: Callable[[], _T | None],
+    lot: trio.lowlevel.ParkingLot,
+) -> _T | None:
+    """Long-poll: retry ``attempt()`` until it gives a result, *seconds* pass or the client
+    leaves; None on timeout.
+
+    *lot* must be unparked by every change that can make ``attempt()`` succeed; the
+    predicate is checked and the task parked with no checkpoint in between, so no wake-up
+    is lost and nothing polls. A second task watches ``receive()`` for
+    ``http.disconnect``, so a client that gave up is never answered with a job it will
+    not read. The fast path (``attempt()`` succeeds at once) starts no task.
+
+    Raises:
+        ClientGone: if the client disconnected before a result was found.
+    """
+    result = attempt()
+    if result is not None or seconds <= 0:
+        return result
+    gone = False
+
+    async def watch_disconnect(scope: trio.CancelScope) -> None:
+        nonlocal gone
+        message = await request.receive()
+        if message["type"] != "http.disconnect":
+            await trio.sleep_forever()  # nothing else is expected after the body
+        gone = True
+        scope.cancel()
+
+    with trio.move_on_after(seconds):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+            while (result := attempt()) is None:
+                await lot.park()
+            nursery.cancel_scope.cancel()
+    if gone and result is None:
+        raise ClientGone
+    return result
+
+
+def fault_response(fault: Fault) -> Response:
+    """The answer of an injected fault.
+
+    Raises:
+        ConnectionDropped: for ``drop=True``.
+    """
+    if fault.drop:
+        raise ConnectionDropped("injected fault: connection dropped")
+    assert fault.status is not None
+    if fault.body is not None:
+        return Response(fault.status, fault.body)
+    if fault.status == 204:
+        return NO_CONTENT
+    return json_response(fault.status, {"error": f"injected fault {fault.status}"})
+
+
+def parse_query(query_string: bytes) -> dict[str, str]:
+    if not query_string:
+        return {}
+    return dict(parse_qsl(query_string.decode("latin-1"), keep_blank_values=True))
+
+
+def parse_json(body: bytes) -> object:
+    """Parse *body* as JSON, whatever the Content-Type said (PROTOCOL §2.3).
+
+    Raises:
+        ValueError: if it is not valid JSON.
+    """
+    return json.loads(body)
+
+
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body.
+
+    Raises:
+        ClientGone: if the client disconnected first.
+    """
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body
+    chunks = [body]
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def lifespan(receive: Receive, send: Send) -> None:
+    """Accept ASGI lifespan events, so the app also runs under other ASGI servers."""
+    while True:
+        message: Message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# -- the endpoint API ----------------------------------------------------------------------
+
+
+def status_object(job: JobRecord) -> dict[str, object]:
+    """``GET /status/{id}``'s answer, in the shape of Runpod's endpoint API."""
+    answer: dict[str, object] = {"id": job.id, "status": job.status}
+    if job.take_time is not None and job.enqueue_time is not None:
+        answer["delayTime"] = round((job.take_time - job.enqueue_time) * 1000)
+    if job.done_time is not None and job.take_time is not None:
+        answer["executionTime"] = round((job.done_time - job.take_time) * 1000)
+    if job.taken_by is not None:
+        answer["workerId"] = job.taken_by
+    if job.status == "COMPLETED" or (job.status == "FAILED" and job.output is not None):
+        answer["output"] = job.output
+    elif job.status == "IN_PROGRESS" and job.progress:
+        answer["output"] = job.progress[-1]
+    if job.status == "FAILED":
+        answer["error"] = job.error
+    return answer
+
+
+async def api_route(platform: FakePlatform, request: Request) -> Response:
+    """Answer one endpoint API request (any route name starting ``api_``, or ``env``)."""
+    route = request.route
+    if route in ("api_run", "api_runsync"):
+        return await _run(platform, request, sync=route == "api_runsync")
+    if route == "api_health":
+        return json_response(200, _health(platform))
+    if route == "api_purge_queue":
+        return json_response(200, {"removed": platform.purge_queue(), "status": "completed"})
+    if route == "env":
+        base = f"http://{request.headers.get('host', '127.0.0.1')}"
+        worker_id = request.query.get("worker_id", "w1")
+        return json_response(200, platform.worker_env(base, worker_id=worker_id))
+    job = platform.jobs.get(request.args[0])
+    if job is None:
+        return json_response(404, {"error": f"job {request.args[0]!r} not found"})
+    if route == "api_cancel":
+        platform.cancel(job.id)
+    elif route == "api_stream":
+        chunks = job.stream[job.stream_cursor :]
+        job.stream_cursor = len(job.stream)
+        answer = {"id": job.id, "status": job.status, "stream": [{"output": c} for c in chunks]}
+        return json_response(200, answer)
+    return json_response(200, status_object(job))
+
+
+async def _run(platform: FakePlatform, request: Request, *, sync: bool) -> Response:
+    try:
+        body = parse_json(request.body)
+    except ValueError:
+        return json_response(400, {"error": "body is not JSON"})
+    if not isinstance(body, dict) or "input" not in body:
+        return json_response(400, {"error": 'body must be a JSON object with an "input"'})
+    extra = {k: v for k, v in body.items() if k not in ("input", "id")}
+    job_id = platform.enqueue(body["input"], extra=extra)
+    if not sync:
+        return json_response(200, {"id": job_id, "status": "IN_QUEUE"})
+    wait = platform.runsync_wait
+    if "wait" in request.query:
+        try:
+            wait = float(request.query["wait"]) / 1000
+        except ValueError:
+            return json_response(400, {"error": "wait must be a number of milliseconds"})
+    job = platform.job(job_id)
+    await hold(request, wait, lambda: job if job.finished else None, platform._status_changed)
+    return json_response(200, status_object(job))
+
+
+def _health(platform: FakePlatform) -> dict[str, object]:
+    stats = platform.statistics()
+    running = {job.taken_by for job in platform._held.values()}
+    return {
+        "jobs": {
+            "completed": stats.completed,
+            "failed": stats.failed,
+            "inProgress": stats.in_progress,
+            "inQueue": stats.in_queue,
+            "cancelled": stats.cancelled,
+            "retried": stats.requeues,
+        },
+        "workers": {"running": len(running), "idle": len(set(stats.workers) - running)},
+    }
+
+
+def stats_body(platform: FakePlatform, query: dict[str, str]) -> bytes:
+    """``GET /_stats``: counters, a throughput/latency summary and per-job timestamps.
+
+    Times are the platform's ``trio.current_time()``: only differences are meaningful.
+    ``?jobs=0`` leaves out the per-job list.
+    """
+    jobs = list(platform.jobs.values())
+    takes = [job.take_time for job in jobs if job.take_time is not None]
+    done = [
+        job for job in jobs if job.status in ("COMPLETED", "FAILED") and job.done_time is not None
+    ]
+    latencies = sorted(
+        (job.done_time - job.take_time) * 1000
+        for job in done
+        if job.done_time is not None and job.take_time is not None
+    )
+    summary: dict[str, object] = {"finished": len(done)}
+    if takes and done:
+        first_take = min(takes)
+        last_done = max(job.done_time for job in done if job.done_time is not None)
+        span = last_done - first_take
+        summary.update(
+            first_take=first_take,
+            last_done=last_done,
+            jobs_per_second=len(done) / span if span > 0 else None,
+            take_to_done_ms={
+                "p50": _quantile(latencies, 0.50),
+                "p90": _quantile(latencies, 0.90),
+                "p99": _quantile(latencies, 0.99),
+                "max": latencies[-1] if latencies else None,
+            },
+        )
+    answer: dict[str, object] = {
+        "now": trio.current_time(),
+        "statistics": dataclasses.asdict(platform.statistics()),
+        "summary": summary,
+    }
+    if query.get("jobs", "1") != "0":
+        answer["jobs"] = [
+            {
+                "id": job.id,
+                "status": job.status,
+                "enqueue_time": job.enqueue_time,
+                "take_time": job.take_time,
+                "done_time": job.done_time,
+                "taken_by": job.taken_by,
+                "takes": job.takes,
+            }
+            for job in jobs
+        ]
+    return encode_json(answer)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank quantile of an ascending list."""
+    if not sorted_values:
+        return None
+    rank = max(math.ceil(q * len(sorted_values)) - 1, 0)
+    return sorted_values[rank]

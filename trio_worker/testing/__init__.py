@@ -1,0 +1,55 @@
+"""Test helpers: a fake Runpod platform to run a worker against.
+
+:class:`FakePlatform` plays the platform side of the worker protocol as an ASGI app. Use
+it in-process through ``httpx.ASGITransport`` (virtual time under
+``trio.testing.MockClock``), or over loopback HTTP with :func:`run_platform_server`::
+
+    platform = FakePlatform(take_hold=1.0)
+    async with run_platform_server(platform) as url:
+        environ = platform.worker_env(url)
+        job_id = platform.enqueue({"prompt": "hi"})
+        ...  # start a worker with environ
+        with trio.fail_after(10):
+            job = await platform.wait_for_status(job_id)
+
+``python -m trio_worker.testing --port 0 --preload N`` runs it as its own process.
+"""
+
+from __future__ import annotations
+
+from .._http_server import ServerThread, run_server_in_thread, serve_asgi
+from .._platform_app import FakePlatform
+from .._platform_records import (
+    TERMINAL_STATUSES,
+    Fault,
+    JobRecord,
+    PingRecord,
+    PlatformStatistics,
+    RecordedRequest,
+    RequeueRecord,
+)
+from .._platform_routes import ConnectionDropped
+from .._platform_server import run_platform_server
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "ConnectionDropped",
+    "FakePlatform",
+    "Fault",
+    "JobRecord",
+    "PingRecord",
+    "PlatformStatistics",
+    "RecordedRequest",
+    "RequeueRecord",
+    "ServerThread",
+    "run_platform_server",
+    "run_server_in_thread",
+    "serve_asgi",
+]
+
+# Public names report the module users import them from (as trio and httpx do).
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and not isinstance(_obj, frozenset):
+        _obj.__module__ = __name__
+del _name, _obj

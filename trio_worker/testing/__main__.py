@@ -1,0 +1,10 @@
+"""``python -m trio_worker.testing``: the fake platform as its own process."""
+
+from __future__ import annotations
+
+import sys
+
+from .._platform_server import main
+
+if __name__ == "__main__":
+    sys.exit(main())
