@@ -1,0 +1,23 @@
+"""A streaming worker: an async generator whose chunks reach the caller as they are made.
+
+    python examples/streaming_worker.py --test_input '{"input": {"words": 5}}'
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+import trio_worker
+
+
+async def handler(job: dict[str, Any]) -> AsyncIterator[str]:
+    for i in range(int(job["input"].get("words", 3))):
+        await trio.sleep(0.01)  # stands in for decoding one token
+        yield f"token-{i}"
+
+
+if __name__ == "__main__":
+    trio_worker.start(handler, return_aggregate_stream=True)
