@@ -20,6 +20,7 @@ from ._initializer import InitFailure as InitFailure
 from ._start import start as start
 from ._version import __version__ as __version__
 from ._worker import progress_update as progress_update
+from ._worker import WorkerHandle as WorkerHandle
 from ._worker import serve as serve
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "RateLimited",
     "Timings",
     "TrioWorkerError",
+    "WorkerHandle",
     "WorkerInternalError",
     "__version__",
     "check_cancelled",

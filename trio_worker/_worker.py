@@ -44,6 +44,37 @@ _active: list[tuple[Supervisor, trio.lowlevel.TrioToken]] = []
 on_second_interrupt: Callable[[], None] | None = None
 
 
+class WorkerHandle:
+    """A running worker, as handed back by ``nursery.start(serve, ...)``."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+
+    def shutdown(self, reason: str = "requested") -> None:
+        """Begin a graceful shutdown, as SIGTERM does (DESIGN §9)."""
+        self._supervisor.request_shutdown(reason)
+
+    def stop_job(self, job_id: str) -> None:
+        """Stop one job as a platform stop signal would."""
+        self._supervisor.stop_job(job_id)
+
+    @property
+    def held_ids(self) -> tuple[str, ...]:
+        """The ids the worker holds now (what the next ping will list)."""
+        return self._supervisor.ledger.held_ids
+
+    @property
+    def concurrency(self) -> int:
+        return self._supervisor.concurrency
+
+    @property
+    def gate_open(self) -> bool:
+        return self._supervisor.gate.is_set()
+
+    def statistics(self) -> dict[str, object]:
+        return self._supervisor.statistics()
+
+
 def validate_concurrency(concurrency: Concurrency) -> Concurrency:
     """Check *concurrency*: an int >= 1, or a callable ``f(current) -> int``.
 
@@ -89,8 +120,12 @@ async def serve(
     handle_signals: bool = True,
     observers: Iterable[TransitionHook] = (),
     capture: OutputCapture | None = None,
+    task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the worker inside the current trio run until it shuts down.
+
+    Started with ``await nursery.start(serve, handler, ...)``, it hands back a
+    :class:`WorkerHandle` once the worker is set up (before the first take).
 
     Args:
         handler: called with each job dict; sync, async, or a (sync or async) generator.
@@ -142,6 +177,7 @@ async def serve(
             heartbeat=heartbeat,
             handle_signals=handle_signals,
             observers=observers,
+            task_status=task_status,
         )
     finally:
         if owns_capture and capture is not None:
@@ -162,6 +198,7 @@ async def _serve(
     heartbeat: HeartbeatMode,
     handle_signals: bool,
     observers: Iterable[TransitionHook],
+    task_status: trio.TaskStatus[WorkerHandle],
 ) -> None:
     client = PlatformClient(settings.platform, settings.timings, transport=transport)
     waits = ThreadWaits()
@@ -188,6 +225,7 @@ async def _serve(
         observers=observers,
     )
     pinger = _start_heartbeat_thread(settings, supervisor) if heartbeat == "thread" else None
+    task_status.started(WorkerHandle(supervisor))
     entry = (supervisor, trio.lowlevel.current_trio_token())
     _active.append(entry)
     failure: InitializationError | None = None
