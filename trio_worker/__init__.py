@@ -19,8 +19,8 @@ from ._handlers import check_cancelled as check_cancelled
 from ._initializer import InitFailure as InitFailure
 from ._start import start as start
 from ._version import __version__ as __version__
-from ._worker import progress_update as progress_update
 from ._worker import WorkerHandle as WorkerHandle
+from ._worker import progress_update as progress_update
 from ._worker import serve as serve
 
 __all__ = [

@@ -185,3 +185,24 @@ async def call_handler(
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+class AsyncioUnderTrio(RuntimeError):
+    """A handler used asyncio-only code while the worker runs handlers on trio."""
+
+
+_ASYNCIO_HINTS = ("no running event loop", "no current event loop", "asynclibnotfound")
+
+
+def explain_backend(exc: BaseException) -> BaseException:
+    """*exc*, or a clearer error naming ``async_backend`` when asyncio-only code ran on trio."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if any(hint in text for hint in _ASYNCIO_HINTS):
+        hinted = AsyncioUnderTrio(
+            f"{exc} -- the handler ran asyncio-only code, but this worker runs async handlers"
+            ' on trio; asyncio code needs start(..., async_backend="asyncio")'
+        )
+        hinted.__cause__ = exc
+        hinted.__traceback__ = exc.__traceback__
+        return hinted
+    return exc

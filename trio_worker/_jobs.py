@@ -24,7 +24,14 @@ from ._errors import (
     handler_error_body,
     shutdown_error_body,
 )
-from ._handlers import Handler, HandlerKind, Stream, ThreadWaits, call_handler
+from ._handlers import (
+    Handler,
+    HandlerKind,
+    Stream,
+    ThreadWaits,
+    call_handler,
+    explain_backend,
+)
 from ._results import (
     ResultEncodingError,
     encode_result,
@@ -45,26 +52,6 @@ log = logging.getLogger("trio_worker")
 # Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
 # an unbounded backlog in memory.
 STREAM_PIPELINE_DEPTH = 64
-
-
-class AsyncioUnderTrio(RuntimeError):
-    """A handler used asyncio-only code while the worker runs handlers on trio."""
-
-
-_ASYNCIO_HINTS = ("no running event loop", "no current event loop", "asynclibnotfound")
-
-
-def _explain_backend(exc: BaseException) -> BaseException:
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if any(hint in text for hint in _ASYNCIO_HINTS):
-        hinted = AsyncioUnderTrio(
-            f"{exc} -- the handler ran asyncio-only code, but this worker runs async handlers"
-            ' on trio; asyncio code needs start(..., async_backend="asyncio")'
-        )
-        hinted.__cause__ = exc
-        hinted.__traceback__ = exc.__traceback__
-        return hinted
-    return exc
 
 
 @dataclass(frozen=True)
@@ -154,7 +141,7 @@ class JobRunner:
         )
 
     def _handler_error(self, exc: BaseException, output: JobOutput, mark: int) -> Report:
-        exc = _explain_backend(exc)
+        exc = explain_backend(exc)
         logs = self._logs(output, mark)
         body = handler_error_body(
             exc,
@@ -215,7 +202,7 @@ class JobRunner:
                 except BaseException as exc:
                     logs = self._logs(output, mark)
                     final = generator_error_body(
-                        _explain_backend(exc), logs=logs, redactor=self.settings.redactor
+                        explain_backend(exc), logs=logs, redactor=self.settings.redactor
                     )
         if final is None:
             body = stream_final_body(

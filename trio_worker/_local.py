@@ -28,7 +28,7 @@ from ._errors import (
     init_failed_body,
 )
 from ._exceptions import InitializationError
-from ._handlers import Stream, ThreadWaits, call_handler, handler_kind
+from ._handlers import Stream, ThreadWaits, call_handler, explain_backend, handler_kind
 from ._initializer import run_initializer, validate_init_timeout
 from ._results import ResultEncodingError, encode_result, result_body, stream_final_body
 from ._version import __version__
@@ -107,7 +107,8 @@ async def _run_once(
             )
             if isinstance(result, Stream):
                 return await _print_stream(result, kwargs, settings, capture, output, mark)
-        except Exception as exc:
+        except Exception as raised:
+            exc = explain_backend(raised)
             logs = logs_for_job(capture, output, mark, shared_process=False)
             body = handler_error_body(
                 exc,
