@@ -1,0 +1,296 @@
+"""The supervisor in virtual time: the real worker against the in-process fake platform.
+
+These pin down orderings that loopback tests cannot hit on purpose: a take in flight at
+the moment init fails, a stop for a job still queued, a concurrency callable that grows and
+shrinks, a shutdown while a long-poll holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import trio_worker
+from trio_worker.testing import Fault, FakePlatform
+
+Handler = Callable[[dict[str, Any]], Any]
+
+
+class Harness:
+    def __init__(self, platform: FakePlatform) -> None:
+        self.platform = platform
+        self.transport = httpx.ASGITransport(app=platform)
+        self.environ = platform.worker_env("http://platform", ping_interval_ms=1000)
+        self.error: BaseException | None = None
+        self.finished = trio.Event()
+
+    async def start(
+        self, nursery: trio.Nursery, handler: Handler, **kwargs: Any
+    ) -> trio_worker.WorkerHandle:
+        kwargs.setdefault("timings", trio_worker.Timings(claim_grace=3.0, report_deadline=2.0))
+
+        async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
+            try:
+                await trio_worker.serve(
+                    handler,
+                    environ=self.environ,
+                    transport=self.transport,
+                    heartbeat="task",
+                    handle_signals=False,
+                    capture_logs="off",
+                    task_status=task_status,
+                    **kwargs,
+                )
+            except trio_worker.InitializationError as exc:
+                self.error = exc
+            finally:
+                self.finished.set()
+
+        handle: trio_worker.WorkerHandle = await nursery.start(run)
+        return handle
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[Harness]:
+    # Each test requests ``autojump_clock`` itself: pytest-trio picks the run's clock from
+    # the test's own arguments, not from fixtures' dependencies.
+    yield Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+
+
+def error_of(platform: FakePlatform, job_id: str) -> dict[str, Any]:
+    record = platform.job(job_id)
+    assert len(record.done_reports) == 1, record.done_reports
+    body = record.done_reports[0]
+    assert isinstance(body, dict)
+    parsed = json.loads(body["error"])
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+async def echo(job: dict[str, Any]) -> Any:
+    await trio.sleep(float(job["input"].get("seconds", 0)))
+    return job["input"]
+
+
+async def test_take_in_flight_at_init_failure_gets_claim_grace_and_its_job_is_failed(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def init() -> None:
+        await trio.sleep(1.0)
+        raise RuntimeError("engine crashed")
+
+    await harness.start(nursery, echo, initializer=init, concurrency=2)
+    # The first (batch) take gets one job; the single take for the free slot long-polls
+    # across the failure at t=1.
+    first = harness.platform.enqueue({})
+    await harness.platform.wait_for_requests("take", 1)
+    await trio.sleep(1.5)  # the failure happened at t=1; the take is still in flight
+    late = harness.platform.enqueue({})
+    await harness.finished.wait()
+    assert harness.error is not None
+    for job_id in (first, late):
+        assert error_of(harness.platform, job_id)["event"] == "init_failed"
+    assert harness.platform.job(late).take_time is not None
+
+
+async def test_take_in_flight_is_cut_at_claim_grace(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def init() -> None:
+        raise RuntimeError("bad config")
+
+    harness.platform.take_hold = 60.0
+    started = trio.current_time()
+    await harness.start(nursery, echo, initializer=init)
+    await harness.finished.wait()
+    # claim_grace=3: the worker does not wait out the 60 s long-poll.
+    assert trio.current_time() - started == pytest.approx(3.0, abs=0.01)
+
+
+async def test_stop_for_a_queued_job_before_it_is_taken_is_remembered(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    handle = await harness.start(nursery, echo)
+    handle.stop_job("not-yet-taken")
+    harness.platform.enqueue({"seconds": 30}, job_id="not-yet-taken")
+    other = harness.platform.enqueue({})
+    await harness.platform.wait_for_status(other, "COMPLETED")
+    assert harness.platform.job("not-yet-taken").done_reports == []
+    assert "not-yet-taken" not in handle.held_ids
+
+
+async def test_stop_of_a_job_waiting_at_the_gate(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def init() -> None:
+        await trio.sleep(100)
+
+    handle = await harness.start(nursery, echo, initializer=init)
+    job_id = harness.platform.enqueue({})
+    with trio.fail_after(5):
+        while not handle.held_ids:
+            await trio.sleep(0.01)
+    assert handle.held_ids == (job_id,)
+    harness.platform.request_stop(job_id)
+    with trio.fail_after(10):
+        while handle.held_ids:
+            await trio.sleep(0.1)
+    assert harness.platform.job(job_id).done_reports == []
+
+
+async def test_concurrency_callable_grows_without_draining(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    seen: list[int] = []
+
+    def grow(current: int) -> int:
+        seen.append(current)
+        return min(current + 1, 4)
+
+    started = trio.current_time()
+    handle = await harness.start(nursery, echo, concurrency=grow)
+    ids = [harness.platform.enqueue({"seconds": 10}) for _ in range(4)]
+    with trio.fail_after(5):
+        while len(handle.held_ids) < 4:
+            await trio.sleep(0.01)
+    # All four run at once: capacity grew while jobs were still running.
+    assert handle.concurrency == 4
+    assert trio.current_time() - started < 1.0
+    with trio.fail_after(60):
+        for job_id in ids:
+            await harness.platform.wait_for_status(job_id, "COMPLETED")
+    batch = [r for r in harness.platform.requests if r.route == "take_batch"]
+    assert all(int(r.query["batch_size"]) <= 4 for r in batch)
+    assert seen[:3] == [1, 2, 3]
+
+
+async def test_concurrency_callable_that_raises_keeps_the_current_value(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    def broken(current: int) -> int:
+        raise ValueError("oops")
+
+    handle = await harness.start(nursery, echo, concurrency=broken)
+    job_id = harness.platform.enqueue({})
+    await harness.platform.wait_for_status(job_id, "COMPLETED")
+    assert handle.concurrency == 1
+
+
+async def test_shutdown_never_waits_on_a_long_poll(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness.platform.take_hold = 60.0
+    harness.platform.stop_hold = 60.0
+    handle = await harness.start(nursery, echo)
+    await harness.platform.wait_for_requests("take", 1)
+    await harness.platform.wait_for_requests("stop", 1)
+    asked = trio.current_time()
+    handle.shutdown()
+    await harness.finished.wait()
+    # take_drain (0.5 s) is what a take in flight is given, not the 60 s hold.
+    assert trio.current_time() - asked < 1.0
+
+
+async def test_job_landing_from_the_drained_take_is_run_not_dropped(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    handle = await harness.start(nursery, echo)
+    await harness.platform.wait_for_requests("take", 1)
+    handle.shutdown()
+    job_id = harness.platform.enqueue({})  # answers the take in flight, within take_drain
+    await harness.finished.wait()
+    assert harness.platform.job(job_id).status == "COMPLETED"
+
+
+async def test_shutdown_during_init_releases_gated_jobs(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def init() -> None:
+        await trio.sleep(100)
+
+    handle = await harness.start(nursery, echo, initializer=init, concurrency=2)
+    ids = [harness.platform.enqueue({}) for _ in range(2)]
+    with trio.fail_after(5):
+        while len(handle.held_ids) < 2:
+            await trio.sleep(0.01)
+    handle.shutdown()
+    await harness.finished.wait()
+    assert harness.error is None
+    for job_id in ids:
+        assert harness.platform.job(job_id).done_reports == []
+
+
+async def test_running_job_gets_shutdown_grace_then_worker_shutdown(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    handle = await harness.start(nursery, echo, timings=trio_worker.Timings(shutdown_grace=2.0))
+    quick = harness.platform.enqueue({"seconds": 1})
+    await harness.platform.wait_for_requests("take", 2)
+    handle.shutdown()
+    await harness.platform.wait_for_status(quick, "COMPLETED")
+    await harness.finished.wait()
+
+    harness2 = Harness(harness.platform)
+    handle2 = await harness2.start(nursery, echo, timings=trio_worker.Timings(shutdown_grace=2.0))
+    slow = harness.platform.enqueue({"seconds": 50})
+    while slow not in handle2.held_ids:
+        await trio.sleep(0.01)
+    asked = trio.current_time()
+    handle2.shutdown()
+    await harness2.finished.wait()
+    assert trio.current_time() - asked == pytest.approx(2.0, abs=0.01)
+    assert error_of(harness.platform, slow)["error_category"] == "worker_shutdown"
+
+
+async def test_duplicate_delivery_of_a_held_id_is_ignored(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    await harness.start(nursery, echo, concurrency=2)
+    harness.platform.enqueue_raw([{"id": "dup", "input": {"seconds": 1}}] * 2)
+    await harness.platform.wait_for_status("dup", "COMPLETED")
+    await trio.sleep(5)
+    assert harness.platform.job("dup").duplicates == []
+
+
+async def test_rate_limited_take_pauses_for_retry_after(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness.platform.inject(Fault("take", status=429, body=b"{}"))
+    await harness.start(nursery, echo)
+    await harness.platform.wait_for_requests("take", 2)
+    takes = [r for r in harness.platform.requests if r.route == "take"]
+    assert takes[1].time - takes[0].time == pytest.approx(5.0, abs=0.01)
+
+
+async def test_report_given_up_after_deadline_frees_the_slot(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness.platform.inject(Fault("done", status=503, times=100))
+    handle = await harness.start(nursery, echo)
+    job_id = harness.platform.enqueue({})
+    await harness.platform.wait_for_requests("done", 2)
+    with trio.fail_after(10):
+        while job_id in handle.held_ids:
+            await trio.sleep(0.1)
+    assert harness.platform.job(job_id).status != "COMPLETED"
+
+
+async def test_progress_update_from_a_sync_thread_is_not_lost(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    async def handler(job: dict[str, Any]) -> Any:
+        await trio.to_thread.run_sync(functools.partial(trio_worker.progress_update, job, 50))
+        return "ok"
+
+    await harness.start(nursery, handler)
+    job_id = harness.platform.enqueue({})
+    record = await harness.platform.wait_for_status(job_id, "COMPLETED")
+    assert record.progress == [50]
+    assert record.late_progress == []
