@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 import trio_worker
-from trio_worker.testing import Fault, FakePlatform
+from trio_worker.testing import FakePlatform, Fault
 
 Handler = Callable[[dict[str, Any]], Any]
 
@@ -30,6 +30,17 @@ class Harness:
         self.environ = platform.worker_env("http://platform", ping_interval_ms=1000)
         self.error: BaseException | None = None
         self.finished = trio.Event()
+        self._changed = trio.Event()
+
+    def _observe(self, job: object, before: object, event: object) -> None:
+        self._changed.set()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Wait for *condition*, re-checked after every job transition."""
+        with trio.fail_after(60):
+            while not condition():
+                self._changed = trio.Event()
+                await self._changed.wait()
 
     async def start(
         self, nursery: trio.Nursery, handler: Handler, **kwargs: Any
@@ -46,6 +57,7 @@ class Harness:
                     handle_signals=False,
                     capture_logs="off",
                     task_status=task_status,
+                    observers=[self._observe],
                     **kwargs,
                 )
             except trio_worker.InitializationError as exc:
@@ -58,10 +70,10 @@ class Harness:
 
 
 @pytest.fixture
-async def harness() -> AsyncIterator[Harness]:
+def harness() -> Harness:
     # Each test requests ``autojump_clock`` itself: pytest-trio picks the run's clock from
     # the test's own arguments, not from fixtures' dependencies.
-    yield Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    return Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
 
 
 def error_of(platform: FakePlatform, job_id: str) -> dict[str, Any]:
@@ -134,14 +146,10 @@ async def test_stop_of_a_job_waiting_at_the_gate(
 
     handle = await harness.start(nursery, echo, initializer=init)
     job_id = harness.platform.enqueue({})
-    with trio.fail_after(5):
-        while not handle.held_ids:
-            await trio.sleep(0.01)
+    await harness.wait_until(lambda: bool(handle.held_ids))
     assert handle.held_ids == (job_id,)
     harness.platform.request_stop(job_id)
-    with trio.fail_after(10):
-        while handle.held_ids:
-            await trio.sleep(0.1)
+    await harness.wait_until(lambda: not handle.held_ids)
     assert harness.platform.job(job_id).done_reports == []
 
 
@@ -157,9 +165,7 @@ async def test_concurrency_callable_grows_without_draining(
     started = trio.current_time()
     handle = await harness.start(nursery, echo, concurrency=grow)
     ids = [harness.platform.enqueue({"seconds": 10}) for _ in range(4)]
-    with trio.fail_after(5):
-        while len(handle.held_ids) < 4:
-            await trio.sleep(0.01)
+    await harness.wait_until(lambda: len(handle.held_ids) == 4)
     # All four run at once: capacity grew while jobs were still running.
     assert handle.concurrency == 4
     assert trio.current_time() - started < 1.0
@@ -217,9 +223,7 @@ async def test_shutdown_during_init_releases_gated_jobs(
 
     handle = await harness.start(nursery, echo, initializer=init, concurrency=2)
     ids = [harness.platform.enqueue({}) for _ in range(2)]
-    with trio.fail_after(5):
-        while len(handle.held_ids) < 2:
-            await trio.sleep(0.01)
+    await harness.wait_until(lambda: len(handle.held_ids) == 2)
     handle.shutdown()
     await harness.finished.wait()
     assert harness.error is None
@@ -240,8 +244,7 @@ async def test_running_job_gets_shutdown_grace_then_worker_shutdown(
     harness2 = Harness(harness.platform)
     handle2 = await harness2.start(nursery, echo, timings=trio_worker.Timings(shutdown_grace=2.0))
     slow = harness.platform.enqueue({"seconds": 50})
-    while slow not in handle2.held_ids:
-        await trio.sleep(0.01)
+    await harness2.wait_until(lambda: slow in handle2.held_ids)
     asked = trio.current_time()
     handle2.shutdown()
     await harness2.finished.wait()
@@ -276,9 +279,7 @@ async def test_report_given_up_after_deadline_frees_the_slot(
     handle = await harness.start(nursery, echo)
     job_id = harness.platform.enqueue({})
     await harness.platform.wait_for_requests("done", 2)
-    with trio.fail_after(10):
-        while job_id in handle.held_ids:
-            await trio.sleep(0.1)
+    await harness.wait_until(lambda: job_id not in handle.held_ids)
     assert harness.platform.job(job_id).status != "COMPLETED"
 
 

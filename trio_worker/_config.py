@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import socket
 import uuid
@@ -92,10 +93,14 @@ class Timings:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if not isinstance(value, int | float) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
-        if self.report_attempts < 1:
-            raise ConfigurationError("report_attempts must be at least 1")
+            if math.isnan(value) or value < 0:
+                raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
+        if not isinstance(self.report_attempts, int) or self.report_attempts < 1:
+            raise ConfigurationError(
+                f"report_attempts must be a whole number >= 1, got {self.report_attempts!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +235,8 @@ def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
     Raises:
         ConfigurationError: when ``--test_input`` is not JSON, or a port is not a number.
     """
-    parser = argparse.ArgumentParser(add_help=False)
+    # No abbreviations: an unrelated --test flag must not be taken for --test_input.
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--test_input", default=None)
     parser.add_argument("--rp_log_level", default=None)
     parser.add_argument("--rp_serve_api", action="store_true")

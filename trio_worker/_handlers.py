@@ -21,6 +21,8 @@ from typing import Any
 import trio
 
 Handler = Callable[[dict[str, Any]], Any]
+# How long a sync generator's cleanup may take when a stream ends early.
+SYNC_CLOSE_BOUND = 5.0
 
 
 class HandlerKind(enum.Enum):
@@ -39,8 +41,10 @@ def _unwrap(fn: object) -> object:
         fn = fn.func
     if not (inspect.isfunction(fn) or inspect.ismethod(fn)) and callable(fn):
         call = getattr(type(fn), "__call__", None)  # noqa: B004 - we want the method itself
-        if call is not None and not inspect.isbuiltin(call):
-            return _unwrap(call)
+        # Only a Python-level __call__ says anything; C callables (builtins, classes,
+        # itemgetter, lru_cache wrappers) are plain sync callables.
+        if inspect.isfunction(call):
+            return call
     return fn
 
 
@@ -99,9 +103,11 @@ async def run_in_thread(
     finished = trio.Event()
     token = trio.lowlevel.current_trio_token()
 
-    def call() -> Any:
+    def call() -> tuple[Any]:
         try:
-            return fn(*args)
+            # Boxed, so a coroutine or generator returned by a plain function reaches the
+            # caller instead of tripping trio's "expected a sync function" check.
+            return (fn(*args),)
         finally:
             try:
                 token.run_sync_soon(finished.set)
@@ -109,7 +115,8 @@ async def run_in_thread(
                 pass
 
     try:
-        return await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=limiter)
+        (result,) = await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=limiter)
+        return result
     except trio.Cancelled:
         with trio.CancelScope(shield=True) as wait:
             waits._scopes.add(wait)
@@ -149,14 +156,22 @@ class Stream:
                         await aclose()
             return
         done = object()
-        while True:
-            # Each step runs in a thread: a sync generator may block like any sync handler.
-            chunk = await run_in_thread(
-                next, source, done, limiter=self._limiter, waits=self._waits
-            )
-            if chunk is done:
-                return
-            yield chunk
+        try:
+            while True:
+                # Each step runs in a thread: a sync generator may block like any sync handler.
+                chunk = await run_in_thread(
+                    next, source, done, limiter=self._limiter, waits=self._waits
+                )
+                if chunk is done:
+                    return
+                yield chunk
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                # Ended early (an error chunk, a stop): run the generator's own cleanup now,
+                # in a thread as its body ran, bounded so a stuck finally cannot hang us.
+                with trio.move_on_after(SYNC_CLOSE_BOUND, shield=True):
+                    await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
 
 async def call_handler(
@@ -191,7 +206,7 @@ class AsyncioUnderTrio(RuntimeError):
     """A handler used asyncio-only code while the worker runs handlers on trio."""
 
 
-_ASYNCIO_HINTS = ("no running event loop", "no current event loop", "asynclibnotfound")
+_ASYNCIO_HINTS = ("no running event loop", "no current event loop", "asynclibrarynotfound")
 
 
 def explain_backend(exc: BaseException) -> BaseException:

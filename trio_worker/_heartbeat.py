@@ -16,15 +16,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 import httpx
 import trio
 
+from ._config import with_query
 from ._version import __version__
 
 log = logging.getLogger("trio_worker")
 
 HeldIds = Callable[[], tuple[str, ...]]
+
+
+def ping_url(template: str, held: tuple[str, ...]) -> str:
+    """The ping URL: the template's own query (``?gpu=...``) kept, ours appended.
+
+    httpx's ``params=`` would replace the template's query instead of adding to it.
+    """
+    return with_query(template, urlencode(ping_params(held)))
 
 
 def ping_params(held: tuple[str, ...]) -> dict[str, str]:
@@ -63,7 +73,7 @@ class HeartbeatThread:
 
     def ping_now(self) -> None:
         try:
-            self._client.get(self._url, params=ping_params(self._held()))
+            self._client.get(ping_url(self._url, self._held()))
             self.sent += 1
         except httpx.HTTPError as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
@@ -86,7 +96,7 @@ async def heartbeat_task(
     """The same pings as :class:`HeartbeatThread`, as a trio task on trio's clock."""
     while True:
         try:
-            await client.get(url, params=ping_params(held()))
+            await client.get(ping_url(url, held()))
         except httpx.HTTPError as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
         await trio.sleep(interval)

@@ -119,7 +119,10 @@ class PlatformClient:
             httpx.TransportError: when the platform cannot be reached.
         """
         route = "take" if count == 1 else "take_batch"
-        response = await self._polls.get(self.take_url(count, in_progress=in_progress))
+        try:
+            response = await self._polls.get(self.take_url(count, in_progress=in_progress))
+        except httpx.DecodingError as exc:
+            return TakeResponse(garbled=f"body could not be decoded: {exc}")
         status = response.status_code
         if status in (204, 400):
             return TakeResponse()
@@ -138,7 +141,11 @@ class PlatformClient:
             RateLimited, PlatformError, httpx.TransportError: as :meth:`take`.
         """
         assert self.config.stop_url is not None
-        response = await self._polls.get(self.config.stop_url)
+        try:
+            response = await self._polls.get(self.config.stop_url)
+        except httpx.DecodingError as exc:
+            log.warning("job-stop answer could not be decoded: %s", exc)
+            return []
         status = response.status_code
         if status == 204:
             return []
@@ -164,21 +171,32 @@ class PlatformClient:
         for attempt in range(attempts):
             delay = backoff_delay(attempt, self.timings.error_backoff_min, 2.0)
             try:
-                response = await self._reports.post(url, content=body)
-            except httpx.TransportError as exc:
+                status, retry_after = await self._post(url, body)
+            except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
-                status = response.status_code
                 if 200 <= status < 300:
                     return ReportOutcome(True, attempt + 1)
                 last_error = f"HTTP {status}"
                 if status not in _RETRYABLE_STATUSES:
                     return ReportOutcome(False, attempt + 1, last_error)
-                if status == 429:
-                    delay = _retry_after(response, delay)
+                if status == 429 and retry_after is not None:
+                    delay = retry_after
             if attempt + 1 < attempts:
                 log.warning(
                     "report for job %s failed (%s); retrying in %.2fs", job_id, last_error, delay
                 )
                 await trio.sleep(delay)
         return ReportOutcome(False, attempts, last_error)
+
+    async def _post(self, url: str, body: bytes) -> tuple[int, float | None]:
+        """POST *body*; the status and any Retry-After. The answer's body is read raw
+        (so the connection is reused) and never decoded: only the status matters."""
+        async with self._reports.stream("POST", url, content=body) as response:
+            try:
+                async for _ in response.aiter_raw():
+                    pass
+            except httpx.StreamConsumed:
+                pass  # a response built in memory (MockTransport) has nothing left to read
+            retry_after = _retry_after(response, -1.0)
+            return response.status_code, None if retry_after < 0 else retry_after

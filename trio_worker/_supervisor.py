@@ -267,7 +267,7 @@ class Supervisor:
                     log.warning("job-take rate limited; pausing %.1fs", exc.retry_after)
                     await self._pause(exc.retry_after)
                     continue
-                except (PlatformError, httpx.TransportError) as exc:
+                except (PlatformError, httpx.HTTPError) as exc:
                     errors += 1
                     delay = backoff_delay(
                         errors, self.timings.error_backoff_min, self.timings.error_backoff_max
@@ -449,7 +449,7 @@ class Supervisor:
             return
         try:
             await self._take_once(1)
-        except (PlatformError, httpx.TransportError) as exc:
+        except (PlatformError, httpx.HTTPError) as exc:
             log.error("could not claim a request to report the init failure: %s", exc)
 
     async def _expire_grace(self) -> None:
@@ -491,7 +491,7 @@ class Supervisor:
                 except RateLimited as exc:
                     await trio.sleep(exc.retry_after)
                     continue
-                except (PlatformError, httpx.TransportError) as exc:
+                except (PlatformError, httpx.HTTPError) as exc:
                     errors += 1
                     delay = backoff_delay(
                         errors, self.timings.error_backoff_min, self.timings.error_backoff_max

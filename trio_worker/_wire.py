@@ -68,8 +68,8 @@ def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
         return TakeResponse(garbled=f"content type {content_type!r} is not JSON")
     try:
         data = json.loads(body)
-    except ValueError as exc:
-        return TakeResponse(garbled=f"body is not JSON: {exc}")
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        return TakeResponse(garbled=f"body is not JSON: {type(exc).__name__}")
     out = TakeResponse()
     if isinstance(data, dict):
         _classify_item(data, out)
@@ -89,8 +89,8 @@ def parse_stop(content_type: str, body: bytes) -> tuple[list[str], str | None]:
         return [], f"content type {content_type!r} is not JSON"
     try:
         data = json.loads(body)
-    except ValueError as exc:
-        return [], f"body is not JSON: {exc}"
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+        return [], f"body is not JSON: {type(exc).__name__}"
     if not isinstance(data, dict) or not isinstance(data.get("jobsToStop"), list):
         return [], "no 'jobsToStop' list in the answer"
     items = data["jobsToStop"]

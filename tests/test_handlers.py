@@ -1,0 +1,651 @@
+"""Calling the user's handler: kind detection, threads, streams, cooperative cancellation
+(DESIGN §2, §5, §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import operator
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
+from typing import Any, cast
+
+import pytest
+import trio
+import trio.testing
+
+from trio_worker._handlers import (
+    AsyncioUnderTrio,
+    HandlerKind,
+    Stream,
+    ThreadWaits,
+    call_handler,
+    check_cancelled,
+    explain_backend,
+    handler_kind,
+    run_in_thread,
+)
+
+JOB: dict[str, Any] = {"id": "j1", "input": {"n": 3}}
+TIMEOUT = 5.0  # a safety bound on handshakes; never reached when the code is right
+
+
+# --- handlers of every kind ---------------------------------------------------------------
+
+
+def sync_handler(job: dict[str, Any]) -> object:
+    return {"sync": job["input"]}
+
+
+async def async_handler(job: dict[str, Any]) -> object:
+    await trio.lowlevel.checkpoint()
+    return {"async": job["input"]}
+
+
+def sync_gen_handler(job: dict[str, Any]) -> Generator[object, None, None]:
+    yield from range(job["input"]["n"])
+
+
+async def async_gen_handler(job: dict[str, Any]) -> AsyncGenerator[object, None]:
+    for i in range(job["input"]["n"]):
+        await trio.lowlevel.checkpoint()
+        yield i
+
+
+def two_args(prefix: str, job: dict[str, Any]) -> object:
+    return prefix
+
+
+async def two_args_async(prefix: str, job: dict[str, Any]) -> object:
+    return prefix
+
+
+def two_args_gen(prefix: str, job: dict[str, Any]) -> Generator[object, None, None]:
+    yield prefix
+
+
+async def two_args_agen(prefix: str, job: dict[str, Any]) -> AsyncGenerator[object, None]:
+    yield prefix
+
+
+class SyncCallable:
+    def __call__(self, job: dict[str, Any]) -> object:
+        return "sync"
+
+
+class AsyncCallable:
+    async def __call__(self, job: dict[str, Any]) -> object:
+        return "async"
+
+
+class SyncGenCallable:
+    def __call__(self, job: dict[str, Any]) -> Generator[object, None, None]:
+        yield "sync gen"
+
+
+class AsyncGenCallable:
+    async def __call__(self, job: dict[str, Any]) -> AsyncGenerator[object, None]:
+        yield "async gen"
+
+
+class Model:
+    def predict(self, job: dict[str, Any]) -> object:
+        return "predict"
+
+    async def apredict(self, job: dict[str, Any]) -> object:
+        return "apredict"
+
+    def stream(self, job: dict[str, Any]) -> Generator[object, None, None]:
+        yield "stream"
+
+    async def astream(self, job: dict[str, Any]) -> AsyncGenerator[object, None]:
+        yield "astream"
+
+
+MODEL = Model()
+KIND_CASES: list[tuple[str, Callable[..., Any], HandlerKind]] = [
+    ("sync function", sync_handler, HandlerKind.SYNC),
+    ("async function", async_handler, HandlerKind.ASYNC),
+    ("sync generator", sync_gen_handler, HandlerKind.SYNC_GENERATOR),
+    ("async generator", async_gen_handler, HandlerKind.ASYNC_GENERATOR),
+    ("lambda", lambda job: job, HandlerKind.SYNC),
+    ("partial sync", functools.partial(two_args, "p"), HandlerKind.SYNC),
+    ("partial async", functools.partial(two_args_async, "p"), HandlerKind.ASYNC),
+    ("partial sync gen", functools.partial(two_args_gen, "p"), HandlerKind.SYNC_GENERATOR),
+    ("partial async gen", functools.partial(two_args_agen, "p"), HandlerKind.ASYNC_GENERATOR),
+    ("nested partial sync", functools.partial(functools.partial(sync_handler)), HandlerKind.SYNC),
+    (
+        "nested partial async",
+        functools.partial(functools.partial(two_args_async, "p")),
+        HandlerKind.ASYNC,
+    ),
+    (
+        "nested partial sync gen",
+        functools.partial(functools.partial(functools.partial(two_args_gen), "p")),
+        HandlerKind.SYNC_GENERATOR,
+    ),
+    (
+        "nested partial async gen",
+        functools.partial(functools.partial(two_args_agen, "p")),
+        HandlerKind.ASYNC_GENERATOR,
+    ),
+    ("callable sync", SyncCallable(), HandlerKind.SYNC),
+    ("callable async", AsyncCallable(), HandlerKind.ASYNC),
+    ("callable sync gen", SyncGenCallable(), HandlerKind.SYNC_GENERATOR),
+    ("callable async gen", AsyncGenCallable(), HandlerKind.ASYNC_GENERATOR),
+    ("partial of callable async", functools.partial(AsyncCallable()), HandlerKind.ASYNC),
+    (
+        "partial of callable async gen",
+        functools.partial(AsyncGenCallable()),
+        HandlerKind.ASYNC_GENERATOR,
+    ),
+    ("bound method", MODEL.predict, HandlerKind.SYNC),
+    ("bound async method", MODEL.apredict, HandlerKind.ASYNC),
+    ("bound generator method", MODEL.stream, HandlerKind.SYNC_GENERATOR),
+    ("bound async generator method", MODEL.astream, HandlerKind.ASYNC_GENERATOR),
+    ("partial of bound async method", functools.partial(MODEL.apredict), HandlerKind.ASYNC),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "kind"), [(fn, kind) for _, fn, kind in KIND_CASES], ids=[c[0] for c in KIND_CASES]
+)
+def test_handler_kind(fn: Callable[..., Any], kind: HandlerKind) -> None:
+    assert handler_kind(fn) is kind
+
+
+def test_streams_property() -> None:
+    assert {kind for kind in HandlerKind if kind.streams} == {
+        HandlerKind.SYNC_GENERATOR,
+        HandlerKind.ASYNC_GENERATOR,
+    }
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [operator.itemgetter("input"), len, dict, functools.lru_cache(maxsize=None)(sync_handler)],
+    ids=["itemgetter", "builtin", "class", "lru_cache"],
+)
+def test_handler_kind_of_c_callables_is_sync(fn: Callable[..., Any]) -> None:
+    assert handler_kind(fn) is HandlerKind.SYNC
+
+
+# --- call_handler -------------------------------------------------------------------------
+
+
+def fresh() -> tuple[trio.CapacityLimiter, ThreadWaits]:
+    return trio.CapacityLimiter(4), ThreadWaits()
+
+
+async def call(fn: Callable[..., Any], job: dict[str, Any] | None = None) -> Any:
+    limiter, waits = fresh()
+    return await call_handler(fn, handler_kind(fn), JOB if job is None else job, limiter, waits)
+
+
+async def collect(stream: Stream) -> list[object]:
+    return [chunk async for chunk in stream]
+
+
+async def test_sync_handler_runs_in_a_worker_thread() -> None:
+    loop_thread = threading.current_thread()
+    seen: list[tuple[threading.Thread, dict[str, Any]]] = []
+
+    def handler(job: dict[str, Any]) -> object:
+        seen.append((threading.current_thread(), job))
+        return "ok"
+
+    job = {"id": "x", "input": 1}
+    assert await call(handler, job) == "ok"
+    [(thread, passed)] = seen
+    assert thread is not loop_thread
+    # The handler gets the very dict the platform delivered.
+    assert passed is job
+
+
+async def test_async_handler_runs_on_the_loop() -> None:
+    loop_thread = threading.current_thread()
+    seen: list[threading.Thread] = []
+
+    async def handler(job: dict[str, Any]) -> object:
+        seen.append(threading.current_thread())
+        await trio.lowlevel.checkpoint()
+        return job["input"]
+
+    assert await call(handler) == {"n": 3}
+    assert seen == [loop_thread]
+
+
+async def test_async_callable_object_is_awaited() -> None:
+    assert await call(AsyncCallable()) == "async"
+
+
+async def test_sync_function_returning_a_coroutine_is_awaited_on_the_loop() -> None:
+    loop_thread = threading.current_thread()
+    seen: list[threading.Thread] = []
+
+    async def inner(job: dict[str, Any]) -> object:
+        seen.append(threading.current_thread())
+        await trio.lowlevel.checkpoint()
+        return ("inner", job["id"])
+
+    def wrapper(job: dict[str, Any]) -> object:
+        return inner(job)
+
+    assert handler_kind(wrapper) is HandlerKind.SYNC
+    assert await call(wrapper) == ("inner", "j1")
+    assert seen == [loop_thread]
+
+
+async def test_sync_function_returning_a_generator_is_a_stream() -> None:
+    def wrapper(job: dict[str, Any]) -> object:
+        return sync_gen_handler(job)
+
+    result = await call(wrapper)
+    assert isinstance(result, Stream)
+    assert await collect(result) == [0, 1, 2]
+
+
+async def test_sync_function_returning_an_async_generator_is_a_stream() -> None:
+    def wrapper(job: dict[str, Any]) -> object:
+        return async_gen_handler(job)
+
+    result = await call(wrapper)
+    assert isinstance(result, Stream)
+    assert await collect(result) == [0, 1, 2]
+
+
+async def test_async_function_returning_a_generator_is_a_stream() -> None:
+    async def wrapper(job: dict[str, Any]) -> object:
+        return sync_gen_handler(job)
+
+    result = await call(wrapper)
+    assert isinstance(result, Stream)
+    assert await collect(result) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [sync_gen_handler, async_gen_handler, functools.partial(async_gen_handler)],
+    ids=["sync gen", "async gen", "partial async gen"],
+)
+async def test_generator_handlers_give_streams(fn: Callable[..., Any]) -> None:
+    result = await call(fn)
+    assert isinstance(result, Stream)
+    assert await collect(result) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("value", [None, [1, 2], "text", 0, {"a": 1}, iter([1])])
+async def test_non_stream_results_are_returned_as_is(value: object) -> None:
+    def handler(job: dict[str, Any]) -> object:
+        return value
+
+    assert await call(handler) is value
+
+
+async def test_exceptions_propagate_unchanged() -> None:
+    error = ValueError("boom")
+
+    def sync_fails(job: dict[str, Any]) -> object:
+        raise error
+
+    async def async_fails(job: dict[str, Any]) -> object:
+        raise error
+
+    for fn in (sync_fails, async_fails):
+        with pytest.raises(ValueError, match="boom") as info:
+            await call(fn)
+        assert info.value is error
+
+
+async def test_base_exceptions_from_sync_handlers_propagate() -> None:
+    def exits(job: dict[str, Any]) -> object:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        await call(exits)
+
+
+# --- Stream -------------------------------------------------------------------------------
+
+
+async def test_stream_runs_each_sync_generator_step_in_a_thread() -> None:
+    loop_ident = threading.get_ident()
+    steps: list[int] = []
+
+    def gen() -> Generator[object, None, None]:
+        for i in range(3):
+            steps.append(threading.get_ident())
+            yield i
+        steps.append(threading.get_ident())
+
+    limiter, waits = fresh()
+    assert await collect(Stream(gen(), limiter, waits)) == [0, 1, 2]
+    assert len(steps) == 4
+    assert loop_ident not in steps
+
+
+async def test_stream_sync_steps_respect_the_limiter() -> None:
+    limiter = trio.CapacityLimiter(1)
+    observed: list[int] = []
+
+    def gen() -> Generator[object, None, None]:
+        observed.append(limiter.borrowed_tokens)
+        yield "a"
+
+    assert await collect(Stream(gen(), limiter, ThreadWaits())) == ["a"]
+    assert observed == [1]
+    assert limiter.borrowed_tokens == 0
+
+
+async def test_stream_iterates_async_generators_on_the_loop() -> None:
+    loop_thread = threading.current_thread()
+    seen: list[threading.Thread] = []
+
+    async def agen() -> AsyncGenerator[object, None]:
+        for i in range(3):
+            seen.append(threading.current_thread())
+            yield {"i": i}
+
+    limiter, waits = fresh()
+    assert await collect(Stream(agen(), limiter, waits)) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert seen == [loop_thread] * 3
+
+
+async def test_stream_iterates_a_plain_iterator_and_yields_none_chunks() -> None:
+    limiter, waits = fresh()
+    assert await collect(Stream(iter([None, 0, ""]), limiter, waits)) == [None, 0, ""]
+
+
+async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> None:
+    def gen() -> Generator[object, None, None]:
+        yield 1
+        raise KeyError("mid-stream")
+
+    limiter, waits = fresh()
+    got: list[object] = []
+
+    async def consume() -> None:
+        async for chunk in Stream(gen(), limiter, waits):
+            got.append(chunk)
+
+    with pytest.raises(KeyError, match="mid-stream"):
+        await consume()
+    assert got == [1]
+
+
+async def test_stream_closes_an_async_source_when_abandoned_early() -> None:
+    events: list[str] = []
+
+    async def agen() -> AsyncGenerator[object, None]:
+        try:
+            for i in range(10):
+                yield i
+        finally:
+            events.append("closed")
+
+    limiter, waits = fresh()
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), limiter, waits)))
+    async with contextlib.aclosing(chunks):
+        assert await anext(chunks) == 0
+    assert events == ["closed"]
+
+
+async def test_stream_closes_a_sync_source_when_abandoned_early() -> None:
+    events: list[str] = []
+
+    def gen() -> Generator[object, None, None]:
+        try:
+            yield from range(10)
+        finally:
+            events.append("closed")
+
+    source = gen()
+    limiter, waits = fresh()
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, limiter, waits)))
+    async with contextlib.aclosing(chunks):
+        assert await anext(chunks) == 0
+    assert events == ["closed"]
+
+
+def test_stream_is_an_async_iterable() -> None:
+    stream = Stream(iter([]), trio.CapacityLimiter(1), ThreadWaits())
+    assert isinstance(aiter(stream), AsyncIterator)
+
+
+# --- check_cancelled ----------------------------------------------------------------------
+
+
+def test_check_cancelled_is_a_noop_outside_trio() -> None:
+    check_cancelled()
+
+
+async def test_check_cancelled_is_a_noop_on_the_trio_thread_and_plain_threads() -> None:
+    check_cancelled()
+    errors: list[BaseException] = []
+
+    def plain() -> None:
+        try:
+            check_cancelled()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=plain)
+    thread.start()
+    thread.join(TIMEOUT)
+    assert errors == []
+
+
+async def test_check_cancelled_is_silent_in_a_handler_thread_while_not_cancelled() -> None:
+    def handler(job: dict[str, Any]) -> object:
+        check_cancelled()
+        return "fine"
+
+    assert await call(handler) == "fine"
+
+
+async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() -> None:
+    started = threading.Event()
+    go = threading.Event()
+    outcome: list[str] = []
+    returned = threading.Event()
+
+    def handler(job: dict[str, Any]) -> object:
+        try:
+            started.set()
+            assert go.wait(TIMEOUT)
+            try:
+                check_cancelled()
+            except trio.Cancelled:
+                outcome.append("cancelled")
+                raise
+            outcome.append("not cancelled")
+            return "finished"
+        finally:
+            returned.set()
+
+    limiter, waits = fresh()
+    results: list[object] = []
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                results.append(await call_handler(handler, HandlerKind.SYNC, JOB, limiter, waits))
+
+            nursery.start_soon(run)
+            assert await trio.to_thread.run_sync(started.wait, TIMEOUT)
+            scope.cancel()
+            go.set()
+    assert scope.cancelled_caught
+    assert outcome == ["cancelled"]
+    assert results == []
+    # The job task did not move on before the handler thread returned.
+    assert returned.is_set()
+
+
+# --- run_in_thread ------------------------------------------------------------------------
+
+
+async def test_run_in_thread_returns_and_raises() -> None:
+    limiter, waits = fresh()
+    assert await run_in_thread(operator.add, 2, 3, limiter=limiter, waits=waits) == 5
+    with pytest.raises(ZeroDivisionError):
+        await run_in_thread(operator.truediv, 1, 0, limiter=limiter, waits=waits)
+    assert len(waits) == 0
+    assert limiter.borrowed_tokens == 0
+
+
+async def test_run_in_thread_serializes_on_the_limiter() -> None:
+    limiter = trio.CapacityLimiter(1)
+    waits = ThreadWaits()
+    release = threading.Event()
+    first_in = threading.Event()
+    entered: list[str] = []
+
+    def work(name: str) -> str:
+        entered.append(name)
+        first_in.set()
+        assert release.wait(TIMEOUT)
+        return name
+
+    results: list[str] = []
+
+    async def run(name: str) -> None:
+        results.append(await run_in_thread(work, name, limiter=limiter, waits=waits))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "a")
+        nursery.start_soon(run, "b")
+        assert await trio.to_thread.run_sync(first_in.wait, TIMEOUT)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(entered) == 1
+        assert limiter.statistics().tasks_waiting == 1
+        release.set()
+    assert sorted(results) == ["a", "b"]
+
+
+async def test_cancelled_run_in_thread_waits_for_the_thread_holding_its_slot() -> None:
+    limiter = trio.CapacityLimiter(1)
+    waits = ThreadWaits()
+    started = threading.Event()
+    release = threading.Event()
+    returned = threading.Event()
+    done: list[str] = []
+
+    def blocking() -> str:
+        started.set()
+        try:
+            assert release.wait(TIMEOUT)
+            return "late"
+        finally:
+            returned.set()
+
+    async with trio.open_nursery() as nursery:
+        scope = trio.CancelScope()
+
+        async def run() -> None:
+            with scope:
+                await run_in_thread(blocking, limiter=limiter, waits=waits)
+            done.append("moved on")
+
+        nursery.start_soon(run)
+        assert await trio.to_thread.run_sync(started.wait, TIMEOUT)
+        scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        # Cancelled, but still waiting for the thread: the slot stays taken.
+        assert done == []
+        assert len(waits) == 1
+        assert limiter.borrowed_tokens == 1
+        release.set()
+    assert scope.cancelled_caught
+    assert done == ["moved on"]
+    assert returned.is_set()
+    assert len(waits) == 0
+    # The token itself comes back as the finished thread reports in to trio.
+    with trio.fail_after(TIMEOUT):
+        async with limiter:
+            pass
+
+
+async def test_cancel_all_lets_a_cancelled_caller_move_on_without_the_thread() -> None:
+    limiter = trio.CapacityLimiter(1)
+    waits = ThreadWaits()
+    started = threading.Event()
+    release = threading.Event()
+    returned = threading.Event()
+    done: list[str] = []
+
+    def stuck() -> None:
+        started.set()
+        try:
+            assert release.wait(TIMEOUT)
+        finally:
+            returned.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            scope = trio.CancelScope()
+
+            async def run() -> None:
+                with scope:
+                    await run_in_thread(stuck, limiter=limiter, waits=waits)
+                done.append("moved on")
+
+            nursery.start_soon(run)
+            assert await trio.to_thread.run_sync(started.wait, TIMEOUT)
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == []
+            assert len(waits) == 1
+            waits.cancel_all()
+        # The caller moved on while the thread is still running.
+        assert done == ["moved on"]
+        assert scope.cancelled_caught
+        assert not returned.is_set()
+        assert len(waits) == 0
+    finally:
+        release.set()
+        assert await trio.to_thread.run_sync(returned.wait, TIMEOUT)
+
+
+async def test_cancel_all_without_waiters_is_harmless() -> None:
+    waits = ThreadWaits()
+    waits.cancel_all()
+    assert len(waits) == 0
+    limiter = trio.CapacityLimiter(1)
+    assert await run_in_thread(str, 7, limiter=limiter, waits=waits) == "7"
+
+
+# --- explain_backend ----------------------------------------------------------------------
+
+
+async def test_asyncio_code_under_trio_is_explained_naming_the_option() -> None:
+    with pytest.raises(RuntimeError) as info:
+        asyncio.get_running_loop()
+    original = info.value
+    hinted = explain_backend(original)
+    assert isinstance(hinted, AsyncioUnderTrio)
+    assert isinstance(hinted, RuntimeError)
+    assert 'async_backend="asyncio"' in str(hinted)
+    assert str(original) in str(hinted)
+    assert hinted.__cause__ is original
+    assert hinted.__traceback__ is original.__traceback__
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("There is no current event loop in thread 'x'."),
+        ValueError("No running event loop"),
+    ],
+)
+def test_other_event_loop_messages_are_explained(exc: BaseException) -> None:
+    assert isinstance(explain_backend(exc), AsyncioUnderTrio)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [RuntimeError("CUDA error"), ValueError("event loop"), KeyError("loop"), trio.TooSlowError()],
+)
+def test_unrelated_errors_are_returned_unchanged(exc: BaseException) -> None:
+    assert explain_backend(exc) is exc

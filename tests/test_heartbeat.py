@@ -1,0 +1,320 @@
+"""The heartbeat (PROTOCOL §2.6, DESIGN §3): its query, the thread against a real loopback
+server, and the trio task in virtual time."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from trio_worker._heartbeat import HeartbeatThread, heartbeat_task, ping_params
+from trio_worker._version import __version__
+
+KEY = "rpa_ping_key"
+INTERVAL = 0.05
+WAIT = 2.0  # a safety bound on waiting for a ping; never reached when the code is right
+
+
+# --- ping_params --------------------------------------------------------------------------
+
+
+def test_ping_params_omit_job_id_when_nothing_is_held() -> None:
+    assert ping_params(()) == {"runpod_version": __version__}
+
+
+def test_ping_params_join_ids_with_commas() -> None:
+    assert ping_params(("a",)) == {"job_id": "a", "runpod_version": __version__}
+    assert ping_params(("a", "b", "c")) == {"job_id": "a,b,c", "runpod_version": __version__}
+
+
+def test_ping_params_keep_the_held_order() -> None:
+    assert ping_params(("z", "a", "m"))["job_id"] == "z,a,m"
+
+
+# --- a tiny loopback platform -------------------------------------------------------------
+
+
+@dataclass
+class Ping:
+    at: float
+    path: str
+    query: dict[str, list[str]]
+    authorization: str | None
+
+    @property
+    def job_ids(self) -> str | None:
+        values = self.query.get("job_id")
+        return None if values is None else values[0]
+
+
+class PingServer:
+    """Records every GET it receives; answers 200 with an empty body."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.pings: list[Ping] = []
+        self.changed = threading.Condition()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                parts = urlsplit(self.path)
+                ping = Ping(
+                    time.monotonic(),
+                    parts.path,
+                    parse_qs(parts.query, keep_blank_values=True),
+                    self.headers.get("Authorization"),
+                )
+                if delay:
+                    time.sleep(delay)  # a slow platform
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                with server.changed:
+                    server.pings.append(ping)
+                    server.changed.notify_all()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v2/ep/ping/w1?gpu=A100"
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+
+    def __enter__(self) -> PingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(WAIT)
+
+    def count(self) -> int:
+        with self.changed:
+            return len(self.pings)
+
+    def wait_for(self, predicate: Callable[[list[Ping]], bool]) -> list[Ping]:
+        with self.changed:
+            assert self.changed.wait_for(lambda: predicate(self.pings), timeout=WAIT)
+            return list(self.pings)
+
+
+class Held:
+    """The ledger's snapshot, as the supervisor hands it to the heartbeat."""
+
+    def __init__(self, *ids: str) -> None:
+        self.ids: tuple[str, ...] = ids
+
+    def __call__(self) -> tuple[str, ...]:
+        return self.ids
+
+
+@contextlib.contextmanager
+def pinging(url: str, held: Held, interval: float = INTERVAL) -> Iterator[HeartbeatThread]:
+    pinger = HeartbeatThread(url, KEY, interval, held)
+    pinger.start()
+    try:
+        yield pinger
+    finally:
+        pinger.stop()
+
+
+def heartbeat_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "trio_worker heartbeat"]
+
+
+# --- HeartbeatThread ----------------------------------------------------------------------
+
+
+def test_thread_pings_the_current_held_ids() -> None:
+    held = Held("a")
+    with PingServer() as server, pinging(server.url, held) as pinger:
+        first = server.wait_for(lambda pings: len(pings) >= 1)[0]
+        held.ids = ("b", "c")
+        server.wait_for(lambda pings: pings[-1].job_ids == "b,c")
+        held.ids = ()
+        pings = server.wait_for(lambda pings: pings[-1].job_ids is None)
+    assert first.job_ids == "a"
+    assert first.path == "/v2/ep/ping/w1"
+    assert first.query["runpod_version"] == [__version__]
+    assert first.authorization == KEY
+    assert "job_id" not in pings[-1].query
+    # Every ping carried one of the snapshots the ledger actually had, in order.
+    seen = [p.job_ids for p in pings]
+    assert seen == sorted(seen, key=["a", "b,c", None].index)
+    assert pinger.sent >= len(pings)
+
+
+async def test_thread_keeps_pinging_while_the_event_loop_is_blocked() -> None:
+    with PingServer() as server, pinging(server.url, Held("busy")):
+        server.wait_for(lambda pings: len(pings) >= 1)
+        before = server.count()
+        start = time.monotonic()
+        time.sleep(0.2)  # a sync handler blocking the trio thread
+        blocked_for = time.monotonic() - start
+        during = server.count() - before
+    # About 4 pings are due in 0.2 s; a pinger that needed this loop would send none.
+    assert blocked_for >= 0.2
+    assert during >= 3
+    assert all(p.job_ids == "busy" for p in server.pings)
+
+
+def test_a_slow_ping_does_not_stretch_the_cadence() -> None:
+    # Each ping is due one interval after the previous one was due (fixed rate), so a 40 ms
+    # answer does not turn a 50 ms interval into 90 ms.
+    with PingServer(delay=0.04) as server, pinging(server.url, Held()):
+        pings = server.wait_for(lambda pings: len(pings) >= 4)
+    gaps = [b.at - a.at for a, b in itertools.pairwise(pings[:4])]
+    assert sum(gaps) / len(gaps) < INTERVAL + 0.025
+
+
+def test_stop_is_prompt_and_final() -> None:
+    with PingServer() as server:
+        pinger = HeartbeatThread(server.url, KEY, INTERVAL, Held("x"))
+        pinger.start()
+        server.wait_for(lambda pings: len(pings) >= 1)
+        start = time.monotonic()
+        pinger.stop()
+        stopped_in = time.monotonic() - start
+        after_stop = server.count()
+        assert heartbeat_threads() == []
+        time.sleep(2 * INTERVAL)
+        assert server.count() == after_stop
+    assert stopped_in < INTERVAL
+    assert pinger.sent == after_stop
+
+
+def test_stop_is_prompt_even_with_a_long_interval() -> None:
+    with PingServer() as server:
+        pinger = HeartbeatThread(server.url, KEY, 30.0, Held())
+        pinger.start()
+        server.wait_for(lambda pings: len(pings) >= 1)
+        start = time.monotonic()
+        pinger.stop()
+        assert time.monotonic() - start < 0.2
+        assert heartbeat_threads() == []
+
+
+def test_thread_is_a_daemon() -> None:
+    with PingServer() as server, pinging(server.url, Held()):
+        [thread] = heartbeat_threads()
+        assert thread.daemon
+
+
+def test_failed_pings_are_logged_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Nothing listens on that port now: every ping is refused.
+    with pinging(f"http://127.0.0.1:{port}/ping", Held("a")) as pinger:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            failures = [r for r in caplog.records if "ping failed" in r.getMessage()]
+            if len(failures) >= 2:
+                break
+            time.sleep(0.005)
+    assert len(failures) >= 2
+    assert pinger.sent == 0
+
+
+QUERY_BUG = (
+    "BUG: the ping drops the query string of the RUNPOD_WEBHOOK_PING template (e.g. "
+    "'?gpu=A100'): httpx's params= replaces the URL's query instead of merging as the "
+    "reference's requests does (PROTOCOL §1.5, §9.2: keep the templates' query strings)"
+)
+
+
+def test_thread_keeps_the_ping_templates_query() -> None:
+    with PingServer() as server, pinging(server.url, Held("a")):
+        first = server.wait_for(lambda pings: len(pings) >= 1)[0]
+    assert first.query.get("gpu") == ["A100"]
+    assert first.job_ids == "a"
+
+
+# --- heartbeat_task (virtual time) --------------------------------------------------------
+
+
+async def test_heartbeat_task_pings_every_interval_in_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    seen: list[tuple[float, str | None, httpx.Request]] = []
+
+    async def platform(request: httpx.Request) -> httpx.Response:
+        seen.append((trio.current_time(), request.url.params.get("job_id"), request))
+        return httpx.Response(200)
+
+    held = Held("a", "b")
+    url = "http://platform.test/v2/ep/ping/w1?gpu=A100"
+    async with httpx.AsyncClient(
+        transport=httpx.MockTransport(platform), headers={"Authorization": KEY}
+    ) as client:
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(heartbeat_task, client, url, 10.0, held)
+            await trio.sleep(15)
+            held.ids = ("c",)
+            await trio.sleep(10)
+            held.ids = ()
+            await trio.sleep(10)
+            nursery.cancel_scope.cancel()
+    assert [t - start for t, _, _ in seen] == [0.0, 10.0, 20.0, 30.0]
+    assert [ids for _, ids, _ in seen] == ["a,b", "a,b", "c", None]
+    for _, _, request in seen:
+        assert request.method == "GET"
+        assert request.url.path == "/v2/ep/ping/w1"
+        assert request.url.params.get("runpod_version") == __version__
+        assert request.headers["authorization"] == KEY
+
+
+async def test_heartbeat_task_survives_failed_pings(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    times: list[float] = []
+
+    async def flaky(request: httpx.Request) -> httpx.Response:
+        times.append(trio.current_time())
+        if len(times) in (2, 3):
+            raise httpx.ConnectError("down")
+        return httpx.Response(503 if len(times) == 4 else 200)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(flaky)) as client:
+        start = trio.current_time()
+        with trio.move_on_after(4.5):
+            await heartbeat_task(client, "http://p.test/ping", 1.0, Held())
+    assert [t - start for t in times] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    failures = [r for r in caplog.records if "ping failed" in r.getMessage()]
+    assert len(failures) == 2
+
+
+async def test_heartbeat_task_keeps_the_ping_templates_query(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    urls: list[httpx.URL] = []
+
+    async def platform(request: httpx.Request) -> httpx.Response:
+        urls.append(request.url)
+        return httpx.Response(200)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
+        with trio.move_on_after(0.5):
+            await heartbeat_task(client, "http://p.test/ping/w1?gpu=A100", 1.0, Held("a"))
+    [url] = urls
+    assert url.params.get("gpu") == "A100"
+    assert url.params.get("job_id") == "a"

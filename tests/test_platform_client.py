@@ -1,0 +1,519 @@
+"""PlatformClient over httpx.MockTransport, in virtual time (PROTOCOL §2, DESIGN §5)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from trio_worker._config import Timings, platform_from_env
+from trio_worker._exceptions import PlatformError, RateLimited
+from trio_worker._platform import (
+    REPORT_CONTENT_TYPE,
+    USER_AGENT,
+    PlatformClient,
+    ReportOutcome,
+    backoff_delay,
+)
+
+H = "http://platform.test/v2/ep1"
+KEY = "rpa_SECRET_KEY_123"
+WIRING = {
+    "RUNPOD_WEBHOOK_GET_JOB": f"{H}/job-take/$ID?gpu=A100",
+    "RUNPOD_WEBHOOK_POST_OUTPUT": f"{H}/job-done/$RUNPOD_POD_ID/$ID?gpu=A100",
+    "RUNPOD_WEBHOOK_POST_STREAM": f"{H}/job-stream/$RUNPOD_POD_ID/$ID?gpu=A100",
+    "RUNPOD_AI_API_KEY": KEY,
+    "RUNPOD_POD_ID": "w1",
+}
+DONE_URL = f"{H}/job-done/w1/j1?gpu=A100&isStream=false"
+
+Reply = httpx.Response | BaseException
+Responder = Callable[[httpx.Request], Awaitable[Reply]]
+
+
+@dataclass
+class Seen:
+    """One request as the platform received it, with the virtual time it arrived."""
+
+    at: float
+    request: httpx.Request
+    body: bytes
+
+
+@dataclass
+class FakePlatform:
+    """Answers requests from a script (one reply per request, the last one repeating)."""
+
+    replies: list[Reply] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self.seen.append(Seen(trio.current_time(), request, body))
+        index = min(len(self.seen), len(self.replies)) - 1
+        reply = self.replies[index] if self.replies else httpx.Response(204)
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    @property
+    def times(self) -> list[float]:
+        return [s.at for s in self.seen]
+
+    @property
+    def gaps(self) -> list[float]:
+        times = self.times
+        return [b - a for a, b in itertools.pairwise(times)]
+
+
+@contextlib.asynccontextmanager
+async def client_for(
+    fake: FakePlatform, timings: Timings | None = None, **env: str
+) -> AsyncIterator[PlatformClient]:
+    config = platform_from_env({**WIRING, **env})
+    client = PlatformClient(config, timings or Timings(), transport=httpx.MockTransport(fake))
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def job_json(*items: object) -> httpx.Response:
+    document = items[0] if len(items) == 1 else list(items)
+    return httpx.Response(200, json=document)
+
+
+@pytest.fixture
+def max_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the full-jitter backoff deterministic: always its upper bound."""
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)
+
+
+# --- take: URLs ---------------------------------------------------------------------------
+
+
+async def test_single_take_url_carries_job_in_progress() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake) as client:
+        await client.take(1, in_progress=False)
+        await client.take(1, in_progress=True)
+    urls = [str(s.request.url) for s in fake.seen]
+    assert urls == [
+        f"{H}/job-take/w1?gpu=A100&job_in_progress=0",
+        f"{H}/job-take/w1?gpu=A100&job_in_progress=1",
+    ]
+    assert all(s.request.method == "GET" for s in fake.seen)
+
+
+async def test_batch_take_uses_the_batch_route_with_batch_size() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake) as client:
+        await client.take(4, in_progress=True)
+        await client.take(2, in_progress=False)
+    assert [str(s.request.url) for s in fake.seen] == [
+        f"{H}/job-take-batch/w1?gpu=A100&batch_size=4&job_in_progress=1",
+        f"{H}/job-take-batch/w1?gpu=A100&batch_size=2&job_in_progress=0",
+    ]
+
+
+async def test_batch_take_without_job_take_in_template_stays_on_the_same_url() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake, RUNPOD_WEBHOOK_GET_JOB=f"{H}/take/$ID?gpu=A100") as client:
+        await client.take(3, in_progress=False)
+    assert str(fake.seen[0].request.url) == f"{H}/take/w1?gpu=A100&batch_size=3&job_in_progress=0"
+
+
+async def test_take_template_without_query_gets_a_question_mark() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake, RUNPOD_WEBHOOK_GET_JOB=f"{H}/job-take/$ID") as client:
+        await client.take(1, in_progress=False)
+        await client.take(2, in_progress=False)
+    assert [str(s.request.url) for s in fake.seen] == [
+        f"{H}/job-take/w1?job_in_progress=0",
+        f"{H}/job-take-batch/w1?batch_size=2&job_in_progress=0",
+    ]
+
+
+# --- take: answers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [204, 400])
+async def test_204_and_400_are_empty(status: int) -> None:
+    reply = httpx.Response(status, json={"id": "ignored", "input": 1})
+    async with client_for(FakePlatform([reply])) as client:
+        response = await client.take(1, in_progress=False)
+    assert response.empty
+    assert response.jobs == []
+    assert response.garbled is None
+
+
+async def test_take_returns_a_job() -> None:
+    job = {"id": "j1", "input": {"prompt": "hi"}}
+    async with client_for(FakePlatform([job_json(job)])) as client:
+        response = await client.take(1, in_progress=False)
+    assert response.jobs == [job]
+
+
+async def test_batch_take_returns_every_job_even_more_than_asked() -> None:
+    jobs = [{"id": f"j{i}", "input": i} for i in range(3)]
+    async with client_for(FakePlatform([job_json(*jobs)])) as client:
+        response = await client.take(2, in_progress=False)
+    assert response.jobs == jobs
+
+
+async def test_take_non_json_answer_is_garbled() -> None:
+    reply = httpx.Response(200, text="<html>", headers={"content-type": "text/html"})
+    async with client_for(FakePlatform([reply])) as client:
+        response = await client.take(1, in_progress=False)
+    assert response.empty
+    assert response.garbled is not None
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("7", 7.0), ("0.5", 0.5), ("120", 60.0), ("-3", 0.0), ("soon", None), (None, None)],
+)
+async def test_429_raises_rate_limited_honouring_retry_after(
+    header: str | None, expected: float | None
+) -> None:
+    timings = Timings(rate_limit_pause=4.0)
+    headers = {} if header is None else {"Retry-After": header}
+    fake = FakePlatform([httpx.Response(429, headers=headers)])
+    async with client_for(fake, timings) as client:
+        with pytest.raises(RateLimited) as single:
+            await client.take(1, in_progress=False)
+        with pytest.raises(RateLimited) as batch:
+            await client.take(2, in_progress=False)
+    assert single.value.retry_after == (4.0 if expected is None else expected)
+    assert single.value.status == 429
+    assert isinstance(single.value, PlatformError)
+    assert single.value.route == "take"
+    assert batch.value.route == "take_batch"
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 401, 403, 404, 409, 301])
+async def test_other_statuses_raise_platform_error(status: int) -> None:
+    async with client_for(FakePlatform([httpx.Response(status)])) as client:
+        with pytest.raises(PlatformError) as info:
+            await client.take(1, in_progress=False)
+    assert info.value.status == status
+    assert not isinstance(info.value, RateLimited)
+    assert str(status) in str(info.value)
+
+
+async def test_take_transport_errors_propagate() -> None:
+    fake = FakePlatform([httpx.ConnectError("refused")])
+    async with client_for(fake) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.take(1, in_progress=False)
+
+
+async def test_take_with_undecodable_body_is_a_handled_error() -> None:
+    reply = httpx.Response(
+        200, headers={"content-encoding": "gzip", "content-type": "application/json"}, content=b"x"
+    )
+    async with client_for(FakePlatform([reply])) as client:
+        response = await client.take(1, in_progress=False)
+    # Not a crash of the take loop: "no job" (the body is unusable) or a garbled answer.
+    assert response.empty
+
+
+# --- headers ------------------------------------------------------------------------------
+
+
+async def test_authorization_is_the_raw_key_on_every_route() -> None:
+    fake = FakePlatform([httpx.Response(204), httpx.Response(204), httpx.Response(200)])
+    async with client_for(fake) as client:
+        await client.take(1, in_progress=False)
+        await client.poll_stop()
+        await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert len(fake.seen) == 3
+    for seen in fake.seen:
+        assert seen.request.headers["authorization"] == KEY
+        assert "bearer" not in seen.request.headers["authorization"].lower()
+        assert seen.request.headers["user-agent"] == USER_AGENT
+    assert USER_AGENT.startswith("trio_worker/")
+
+
+async def test_empty_key_is_sent_as_an_empty_header() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake, RUNPOD_AI_API_KEY="") as client:
+        await client.take(1, in_progress=False)
+    assert fake.seen[0].request.headers["authorization"] == ""
+
+
+# --- post_report --------------------------------------------------------------------------
+
+
+async def test_report_delivered_on_200_with_the_body_verbatim() -> None:
+    body = json.dumps({"output": {"text": "caf\u00e9 \u4e2d"}}, ensure_ascii=False).encode()
+    fake = FakePlatform([httpx.Response(200, text="ok")])
+    async with client_for(fake) as client:
+        outcome = await client.post_report(DONE_URL, body, job_id="j1")
+    assert outcome == ReportOutcome(delivered=True, attempts=1, last_error=None)
+    [seen] = fake.seen
+    assert seen.request.method == "POST"
+    assert str(seen.request.url) == DONE_URL
+    assert seen.body == body
+    assert seen.request.headers["content-type"] == REPORT_CONTENT_TYPE
+    assert seen.request.headers["content-length"] == str(len(body))
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204])
+async def test_any_2xx_acknowledges(status: int) -> None:
+    async with client_for(FakePlatform([httpx.Response(status)])) as client:
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    # Only the status matters: a 200 whose body cannot be decoded is still an ack.
+    assert outcome.delivered
+    assert outcome.attempts == 1
+
+
+async def test_report_bytes_are_not_reencoded() -> None:
+    # Not JSON, not UTF-8: still sent byte for byte.
+    body = b'\x00\xff{"a": 1}\n\r\t'
+    fake = FakePlatform([httpx.Response(200)])
+    async with client_for(fake) as client:
+        await client.post_report(DONE_URL, body, job_id="j1")
+    assert fake.seen[0].body == body
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        httpx.ConnectError("refused"),
+        httpx.ReadTimeout("slow"),
+        httpx.RemoteProtocolError("reset"),
+        httpx.Response(408),
+        httpx.Response(429),
+        httpx.Response(500),
+        httpx.Response(502),
+        httpx.Response(503),
+        httpx.Response(504),
+    ],
+    ids=lambda f: f"HTTP {f.status_code}" if isinstance(f, httpx.Response) else type(f).__name__,
+)
+async def test_report_retries_transient_failures_then_delivers(
+    failure: Reply, autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    fake = FakePlatform([failure, failure, httpx.Response(200)])
+    async with client_for(fake, Timings(report_attempts=5, error_backoff_min=0.1)) as client:
+        start = trio.current_time()
+        outcome = await client.post_report(DONE_URL, b'{"output": 1}', job_id="j1")
+    assert outcome.delivered
+    assert outcome.attempts == 3
+    assert len(fake.seen) == 3
+    assert all(s.body == b'{"output": 1}' for s in fake.seen)
+    # Virtual time passed between attempts: exponential backoff 0.1 s, then 0.2 s.
+    assert fake.gaps == pytest.approx([0.1, 0.2])
+    assert trio.current_time() - start == pytest.approx(0.3)
+
+
+async def test_report_gives_up_after_report_attempts(
+    autojump_clock: trio.testing.MockClock, max_backoff: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    fake = FakePlatform([httpx.Response(503)])
+    timings = Timings(report_attempts=7, error_backoff_min=0.1)
+    async with client_for(fake, timings) as client:
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="job-xyz")
+        end = trio.current_time()
+    assert outcome.delivered is False
+    assert outcome.attempts == 7
+    assert outcome.last_error == "HTTP 503"
+    assert len(fake.seen) == 7
+    # Doubling from error_backoff_min, capped at 2 s; no wait after the last attempt.
+    assert fake.gaps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 2.0])
+    assert end == pytest.approx(fake.times[-1])
+    retries = [r for r in caplog.records if "job-xyz" in r.getMessage()]
+    assert len(retries) == 6
+
+
+async def test_report_gives_up_on_connect_errors_with_the_error_named(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakePlatform([httpx.ConnectError("connection refused")])
+    async with client_for(fake, Timings(report_attempts=3)) as client:
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert outcome.delivered is False
+    assert outcome.attempts == 3
+    assert outcome.last_error is not None
+    assert "ConnectError" in outcome.last_error
+    assert "connection refused" in outcome.last_error
+
+
+async def test_one_attempt_means_no_retry(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakePlatform([httpx.Response(500)])
+    async with client_for(fake, Timings(report_attempts=1)) as client:
+        start = trio.current_time()
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert outcome == ReportOutcome(False, 1, "HTTP 500")
+    assert len(fake.seen) == 1
+    assert trio.current_time() == start
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422, 301])
+async def test_report_does_not_retry_permanent_errors(
+    status: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    fake = FakePlatform([httpx.Response(status), httpx.Response(200)])
+    async with client_for(fake, Timings(report_attempts=5)) as client:
+        start = trio.current_time()
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert outcome == ReportOutcome(delivered=False, attempts=1, last_error=f"HTTP {status}")
+    assert len(fake.seen) == 1
+    assert trio.current_time() == start
+
+
+@pytest.mark.parametrize(("header", "wait"), [("3", 3.0), ("0", 0.0), ("1000", 60.0)])
+async def test_report_429_waits_retry_after(
+    header: str, wait: float, autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    fake = FakePlatform([httpx.Response(429, headers={"Retry-After": header}), httpx.Response(200)])
+    async with client_for(fake, Timings(report_attempts=3)) as client:
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    # Only the status matters: a 200 whose body cannot be decoded is still an ack.
+    assert outcome.delivered
+    assert fake.gaps == pytest.approx([wait])
+
+
+async def test_report_429_without_retry_after_uses_the_backoff(
+    autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    fake = FakePlatform([httpx.Response(429), httpx.Response(200)])
+    async with client_for(fake, Timings(report_attempts=3, error_backoff_min=0.25)) as client:
+        await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert fake.gaps == pytest.approx([0.25])
+
+
+async def test_report_retry_delays_are_jittered_within_the_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    random.seed(1234)
+    fake = FakePlatform([httpx.Response(502)])
+    async with client_for(fake, Timings(report_attempts=6, error_backoff_min=0.5)) as client:
+        await client.post_report(DONE_URL, b"{}", job_id="j1")
+    bounds = [min(2.0, 0.5 * 2**k) for k in range(5)]
+    assert len(fake.gaps) == 5
+    for gap, bound in zip(fake.gaps, bounds, strict=True):
+        assert 0.0 <= gap <= bound + 1e-9
+    assert sum(fake.gaps) > 0
+
+
+async def test_report_deadline_is_the_callers_scope(
+    autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    # The retry loop counts attempts; a cancel scope around it bounds the time.
+    fake = FakePlatform([httpx.Response(503)])
+    async with client_for(fake, Timings(report_attempts=50, error_backoff_min=1.0)) as client:
+        with trio.move_on_after(4.5) as scope:
+            await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert scope.cancelled_caught
+    assert fake.times[-1] - fake.times[0] <= 4.5
+    assert len(fake.seen) == 3  # at 0, 1, 3 (the next is due at 5)
+
+
+async def test_report_with_undecodable_response_body_does_not_raise() -> None:
+    # A stream, so httpx does not try (and fail) to decode it while building the reply.
+    reply = httpx.Response(
+        200, headers={"content-encoding": "gzip"}, stream=httpx.ByteStream(b"not gzip")
+    )
+    async with client_for(FakePlatform([reply])) as client:
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    # Only the status matters: a 200 whose body cannot be decoded is still an ack.
+    assert outcome.delivered
+
+
+@pytest.mark.parametrize("attempt", range(8))
+def test_backoff_delay_is_full_jitter_within_the_capped_bound(attempt: int) -> None:
+    bound = min(3.0, 0.1 * 2**attempt)
+    samples = [backoff_delay(attempt, 0.1, 3.0) for _ in range(200)]
+    assert all(0.0 <= s <= bound for s in samples)
+    assert max(samples) > bound / 2  # really spread over the range
+
+
+# --- poll_stop ----------------------------------------------------------------------------
+
+
+async def test_poll_stop_url_keeps_the_query_and_adds_nothing() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake) as client:
+        assert await client.poll_stop() == []
+    [seen] = fake.seen
+    assert seen.request.method == "GET"
+    assert str(seen.request.url) == f"{H}/job-stop/w1?gpu=A100"
+
+
+async def test_poll_stop_returns_ids() -> None:
+    fake = FakePlatform([httpx.Response(200, json={"jobsToStop": ["a", "b"]})])
+    async with client_for(fake) as client:
+        assert await client.poll_stop() == ["a", "b"]
+
+
+async def test_poll_stop_drops_non_string_entries_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    fake = FakePlatform([httpx.Response(200, json={"jobsToStop": ["a", 3, None, "b"]})])
+    async with client_for(fake) as client:
+        assert await client.poll_stop() == ["a", "b"]
+    assert any("jobsToStop" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        httpx.Response(200, json={"jobs": ["a"]}),
+        httpx.Response(200, json=["a"]),
+        httpx.Response(200, text="a,b", headers={"content-type": "text/plain"}),
+        httpx.Response(200, content=b"{", headers={"content-type": "application/json"}),
+    ],
+    ids=["missing key", "array", "text", "unparsable"],
+)
+async def test_poll_stop_unusable_answer_is_empty_with_a_warning(
+    reply: httpx.Response, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    async with client_for(FakePlatform([reply])) as client:
+        assert await client.poll_stop() == []
+    assert [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+async def test_poll_stop_429_and_errors() -> None:
+    fake = FakePlatform(
+        [
+            httpx.Response(429, headers={"Retry-After": "2"}),
+            httpx.Response(500),
+            httpx.ConnectError("down"),
+        ]
+    )
+    async with client_for(fake) as client:
+        with pytest.raises(RateLimited) as limited:
+            await client.poll_stop()
+        with pytest.raises(PlatformError) as failed:
+            await client.poll_stop()
+        with pytest.raises(httpx.ConnectError):
+            await client.poll_stop()
+    assert limited.value.retry_after == 2.0
+    assert limited.value.route == "stop"
+    assert failed.value.status == 500
+    assert failed.value.route == "stop"
+
+
+async def test_aclose_closes_both_clients() -> None:
+    fake = FakePlatform([httpx.Response(204)])
+    async with client_for(fake) as client:
+        pass
+    with pytest.raises(RuntimeError):
+        await client.take(1, in_progress=False)
+    with pytest.raises(RuntimeError):
+        await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert fake.seen == []
