@@ -315,3 +315,18 @@ async def test_bad_configuration_fails_at_start_naming_the_variable(
     worker = await spawn(platform.env(RUNPOD_PING_INTERVAL="soon"))
     assert await worker.wait() == 1
     assert "RUNPOD_PING_INTERVAL" in worker.output
+
+
+async def test_second_sigint_exits_at_once(platform: Platform, spawn: Spawn) -> None:
+    job_id = platform.fake.enqueue({"seconds": 60})
+    worker = await spawn(platform.env(TW_HANDLER="slow_async", TW_SHUTDOWN_GRACE="60"))
+    with trio.fail_after(20):
+        while platform.fake.job(job_id).taken_by is None:
+            await platform.fake.wait_for_requests("ping", len(platform.fake.pings) + 1)
+    worker.signal(signal.SIGINT)
+    with trio.fail_after(20):
+        # The first SIGINT is a graceful shutdown: the worker stops taking.
+        await platform.fake.wait_for_requests("ping", len(platform.fake.pings) + 1)
+    worker.signal(signal.SIGINT)
+    with trio.fail_after(5):
+        assert await worker.wait() == 130
