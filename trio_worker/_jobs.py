@@ -98,7 +98,8 @@ class JobRunner:
 
     async def run(self, job: HeldJob) -> Report:
         """Run the handler on *job*; trio.Cancelled (a stop, shutdown) propagates."""
-        mark = self.capture.mark() if self.capture is not None else 0
+        # No flush on the hot path: the flush happens when (and if) the logs are read.
+        mark = self.capture.mark_nowait() if self.capture is not None else 0
         with job_output(job.id) as output:
             try:
                 result = await call_handler(
