@@ -295,3 +295,58 @@ async def test_progress_update_from_a_sync_thread_is_not_lost(
     record = await harness.platform.wait_for_status(job_id, "COMPLETED")
     assert record.progress == [50]
     assert record.late_progress == []
+
+
+async def test_remembered_stop_of_a_sync_job_frees_its_slot(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    def sync_handler(job: dict[str, Any]) -> Any:
+        return job["input"]
+
+    handle = await harness.start(nursery, sync_handler)
+    handle.stop_job("stopped-before-taken")
+    harness.platform.enqueue({}, job_id="stopped-before-taken")
+    after = harness.platform.enqueue({"n": 1})
+    # The stop lands before the handler's thread exists; the slot must not stay taken.
+    with trio.fail_after(3600):
+        await harness.platform.wait_for_status(after, "COMPLETED")
+    assert harness.platform.job("stopped-before-taken").done_reports == []
+
+
+async def test_sync_handler_ignoring_stop_does_not_overrun_the_shutdown_grace(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    import threading
+    import time
+
+    thread_done = threading.Event()
+
+    def stubborn(job: dict[str, Any]) -> Any:
+        time.sleep(1.0)  # never calls check_cancelled()
+        thread_done.set()
+        return "late"
+
+    handle = await harness.start(nursery, stubborn, timings=trio_worker.Timings(shutdown_grace=2.0))
+    job_id = harness.platform.enqueue({})
+    await harness.wait_until(lambda: job_id in handle.held_ids)
+    handle.shutdown()
+    await harness.finished.wait()
+    assert not thread_done.is_set(), "serve() waited for a thread past the grace"
+    assert error_of(harness.platform, job_id)["error_category"] == "worker_shutdown"
+
+
+async def test_cancelling_serve_during_shutdown_with_a_job_running_is_clean(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.CancelScope() as outer:
+        async with trio.open_nursery() as inner:
+            handle = await harness.start(
+                inner, echo, timings=trio_worker.Timings(shutdown_grace=30.0)
+            )
+            job_id = harness.platform.enqueue({"seconds": 100})
+            await harness.wait_until(lambda: job_id in handle.held_ids)
+            handle.shutdown()
+            await trio.sleep(1)
+            outer.cancel()
+    assert outer.cancelled_caught
+    assert harness.finished.is_set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any
 
@@ -82,10 +83,19 @@ class ThreadWaits:
 
     def __init__(self) -> None:
         self._scopes: set[trio.CancelScope] = set()
+        self._expired = False
 
     def cancel_all(self) -> None:
+        """Stop every wait now, and every wait that starts from now on."""
+        self._expired = True
         for scope in self._scopes:
             scope.cancel()
+
+    def _register(self, scope: trio.CancelScope) -> None:
+        if self._expired:
+            # A job cut by the same deadline may get here just after cancel_all() ran.
+            scope.cancel()
+        self._scopes.add(scope)
 
     def __len__(self) -> int:
         return len(self._scopes)
@@ -114,17 +124,25 @@ async def run_in_thread(
             except trio.RunFinishedError:
                 pass
 
-    try:
-        (result,) = await trio.to_thread.run_sync(call, abandon_on_cancel=True, limiter=limiter)
-        return result
-    except trio.Cancelled:
-        with trio.CancelScope(shield=True) as wait:
-            waits._scopes.add(wait)
-            try:
-                await finished.wait()
-            finally:
-                waits._scopes.discard(wait)
-        raise
+    async with limiter:
+        # Cancelled before the thread exists (a stop that landed first): nothing to wait
+        # for. No schedule point lies between this check and the thread's start: trio's
+        # own limiter is unbounded here (ours is held), so it cannot park, and its
+        # remaining checkpoint is shielded.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            (result,) = await trio.to_thread.run_sync(
+                call, abandon_on_cancel=True, limiter=trio.CapacityLimiter(math.inf)
+            )
+            return result
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True) as wait:
+                waits._register(wait)
+                try:
+                    await finished.wait()
+                finally:
+                    waits._scopes.discard(wait)
+            raise
 
 
 class Stream:
@@ -215,7 +233,9 @@ def explain_backend(exc: BaseException) -> BaseException:
     if any(hint in text for hint in _ASYNCIO_HINTS):
         hinted = AsyncioUnderTrio(
             f"{exc} -- the handler ran asyncio-only code, but this worker runs async handlers"
-            ' on trio; asyncio code needs start(..., async_backend="asyncio")'
+            ' on trio; asyncio code needs start(..., async_backend="asyncio"), which this'
+            " release does not have yet: until then call it from a sync handler with"
+            " asyncio.run()"
         )
         hinted.__cause__ = exc
         hinted.__traceback__ = exc.__traceback__

@@ -158,12 +158,20 @@ async def _print_stream(
     )
 
 
-def run_dev_server(kwargs: dict[str, Any], args: LocalArgs, *, timings: Timings | None) -> int:
+def run_dev_server(
+    kwargs: dict[str, Any],
+    args: LocalArgs,
+    *,
+    timings: Timings | None,
+    capture_logs: CaptureMode = "on",
+) -> int:
     """Serve the endpoint API on ``--rp_api_host:--rp_api_port`` with a real worker behind it."""
-    return trio.run(_dev_server, kwargs, args, timings)
+    return trio.run(_dev_server, kwargs, args, timings, capture_logs)
 
 
-async def _dev_server(kwargs: dict[str, Any], args: LocalArgs, timings: Timings | None) -> int:
+async def _dev_server(
+    kwargs: dict[str, Any], args: LocalArgs, timings: Timings | None, capture_logs: CaptureMode
+) -> int:
     from ._http_server import serve_asgi
     from ._platform_app import FakePlatform
     from ._worker import serve
@@ -181,7 +189,7 @@ async def _dev_server(kwargs: dict[str, Any], args: LocalArgs, timings: Timings 
         _print(f"trio_worker local endpoint: {base}")
         status = 0
         try:
-            await serve(**kwargs, environ=environ, timings=timings)
+            await serve(**kwargs, environ=environ, timings=timings, capture_logs=capture_logs)
         except InitializationError:
             status = 1
         finally:

@@ -120,7 +120,7 @@ def start(
         if args.serve_api:
             from ._local import run_dev_server
 
-            exit_process(run_dev_server(kwargs, args, timings=timings))
+            exit_process(run_dev_server(kwargs, args, timings=timings, capture_logs=capture_logs))
         if args.test_input is not None or not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
             exit_process(_run_local(kwargs, args, capture_logs))
         settings = Settings.from_environ(os.environ, timings=timings, capture_logs=capture_logs)

@@ -407,7 +407,7 @@ class Supervisor:
             if control.stop_requested:
                 log.info("job %s stopped by the platform; nothing is reported", job.id)
                 self.ledger.fire(job, JobEvent.STOP)
-            elif control.release_requested or self.shutting_down:
+            elif job.state in _WAITING and (control.release_requested or self.shutting_down):
                 log.info("job %s released unstarted at shutdown", job.id)
                 self.ledger.fire(job, JobEvent.RELEASE)
         if job.state.terminal:
