@@ -35,7 +35,11 @@ USER_AGENT = f"trio_worker/{__version__} (Language/Python {platform.python_versi
 # The reference sends JSON text under a form content type (PROTOCOL §2.3); the platform
 # parses the raw body. Sending the same keeps us byte-compatible with what it accepts.
 REPORT_CONTENT_TYPE = "application/x-www-form-urlencoded"
-_RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def _retryable(status: int) -> bool:
+    """408, 429 and every 5xx are worth another attempt (DESIGN §5)."""
+    return status >= 500 or status in (408, 429)
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ class PlatformClient:
                 if 200 <= status < 300:
                     return ReportOutcome(True, attempt + 1)
                 last_error = f"HTTP {status}"
-                if status not in _RETRYABLE_STATUSES:
+                if not _retryable(status):
                     return ReportOutcome(False, attempt + 1, last_error)
                 if status == 429 and retry_after is not None:
                     delay = retry_after
