@@ -16,14 +16,18 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._categories import classify
-from ._errors import format_traceback, safe_str
+from ._errors import encode_body, format_traceback, init_failed_body, safe_str
 from ._exceptions import InitTimeout
 from ._handlers import _unwrap
+
+if TYPE_CHECKING:
+    from ._errors import WorkerIdentity
+    from ._redact import Redactor
 
 Initializer = Callable[[], Any]
 
@@ -40,6 +44,25 @@ class InitFailure:
     elapsed: float
     init_timeout: float | None
     failed_at: float  # trio.current_time() of the failure
+
+
+def init_failure_report(
+    failure: InitFailure, identity: WorkerIdentity, redactor: Redactor
+) -> bytes:
+    """The job-done body every held job is failed with (DESIGN §6.2)."""
+    return encode_body(
+        init_failed_body(
+            error_type=failure.error_type,
+            message=failure.message,
+            traceback=failure.traceback,
+            category=failure.category,
+            logs=failure.logs,
+            elapsed_s=failure.elapsed,
+            identity=identity,
+            redactor=redactor,
+            init_timeout=failure.init_timeout,
+        )
+    )
 
 
 def validate_init_timeout(init_timeout: float | None) -> float | None:

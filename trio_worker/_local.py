@@ -25,11 +25,10 @@ from ._errors import (
     encode_body,
     generator_error_body,
     handler_error_body,
-    init_failed_body,
 )
 from ._exceptions import InitializationError
 from ._handlers import Stream, ThreadWaits, call_handler, explain_backend, handler_kind
-from ._initializer import run_initializer, validate_init_timeout
+from ._initializer import init_failure_report, run_initializer, validate_init_timeout
 from ._results import ResultEncodingError, encode_result, result_body, stream_final_body
 from ._version import __version__
 
@@ -50,18 +49,7 @@ def _identity(settings: Settings) -> WorkerIdentity:
 
 
 def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
-    body = init_failed_body(
-        error_type=failure.error_type,
-        message=failure.message,
-        traceback=failure.traceback,
-        category=failure.category,
-        logs=failure.logs,
-        elapsed_s=failure.elapsed,
-        identity=_identity(settings),
-        redactor=settings.redactor,
-        init_timeout=failure.init_timeout,
-    )
-    return encode_body(body).decode()
+    return init_failure_report(failure, _identity(settings), settings.redactor).decode()
 
 
 async def run_test_input(

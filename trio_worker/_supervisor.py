@@ -34,9 +34,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ._errors import encode_body, init_failed_body
 from ._exceptions import InitializationError, PlatformError, RateLimited
-from ._initializer import InitFailure, Initializer, run_initializer
+from ._initializer import InitFailure, Initializer, init_failure_report, run_initializer
 from ._lifecycle import JobEvent, JobState, Ledger, TransitionHook
 from ._platform import backoff_delay
 
@@ -204,18 +203,8 @@ class Supervisor:
             len(self.ledger),
         )
         self.failure = failure
-        self._init_failed_body = encode_body(
-            init_failed_body(
-                error_type=failure.error_type,
-                message=failure.message,
-                traceback=failure.traceback,
-                category=failure.category,
-                logs=failure.logs,
-                elapsed_s=failure.elapsed,
-                identity=self.runner.identity,
-                redactor=self.settings.redactor,
-                init_timeout=failure.init_timeout,
-            )
+        self._init_failed_body = init_failure_report(
+            failure, self.runner.identity, self.settings.redactor
         )
         self._claim_deadline = failure.failed_at + self.timings.claim_grace
         self._shorten_take(self._claim_deadline)
@@ -269,11 +258,7 @@ class Supervisor:
                     continue
                 except (PlatformError, httpx.HTTPError) as exc:
                     errors += 1
-                    delay = backoff_delay(
-                        errors, self.timings.error_backoff_min, self.timings.error_backoff_max
-                    )
-                    log.error("job-take failed: %s; retrying in %.2fs", exc, delay)
-                    await self._pause(delay)
+                    await self._pause(self._error_backoff("job-take", exc, errors))
                     continue
                 errors = 0
                 for job in taken:
@@ -281,6 +266,13 @@ class Supervisor:
                 if not taken and trio.current_time() - started < self.timings.error_backoff_min:
                     # The platform answered "empty" without holding the poll: do not spin.
                     await self._pause(self.timings.error_backoff_min)
+
+    def _error_backoff(self, route: str, exc: Exception, errors: int) -> float:
+        """How long to wait after the *errors*-th failure in a row, logged once here."""
+        timings = self.timings
+        delay = backoff_delay(errors, timings.error_backoff_min, timings.error_backoff_max)
+        log.error("%s failed: %s; retrying in %.2fs", route, exc, delay)
+        return delay
 
     async def _wait_for_slot(self) -> None:
         self._slot_event = trio.Event()
@@ -493,11 +485,7 @@ class Supervisor:
                     continue
                 except (PlatformError, httpx.HTTPError) as exc:
                     errors += 1
-                    delay = backoff_delay(
-                        errors, self.timings.error_backoff_min, self.timings.error_backoff_max
-                    )
-                    log.error("job-stop poll failed: %s; retrying in %.2fs", exc, delay)
-                    await trio.sleep(delay)
+                    await trio.sleep(self._error_backoff("job-stop", exc, errors))
                     continue
                 errors = 0
                 for job_id in ids:
