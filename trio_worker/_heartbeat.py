@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import httpx
@@ -23,6 +24,9 @@ import trio
 
 from ._config import with_query
 from ._version import __version__
+
+if TYPE_CHECKING:
+    from ._http import HttpBackend
 
 log = logging.getLogger("trio_worker")
 
@@ -90,13 +94,11 @@ class HeartbeatThread:
             self._stopping.wait(due - now)
 
 
-async def heartbeat_task(
-    client: httpx.AsyncClient, url: str, interval: float, held: HeldIds
-) -> None:
+async def heartbeat_task(client: HttpBackend, url: str, interval: float, held: HeldIds) -> None:
     """The same pings as :class:`HeartbeatThread`, as a trio task on trio's clock."""
     while True:
         try:
-            await client.get(ping_url(url, held()))
+            await client.request("GET", ping_url(url, held()))
         except httpx.HTTPError as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
         await trio.sleep(interval)

@@ -23,6 +23,7 @@ import trio
 
 from ._config import with_query
 from ._exceptions import PlatformError, RateLimited
+from ._http import HttpResponse, make_backend
 from ._version import __version__
 from ._wire import TakeResponse, parse_stop, parse_take
 
@@ -51,7 +52,7 @@ class ReportOutcome:
     last_error: str | None = None
 
 
-def _retry_after(response: httpx.Response, default: float) -> float:
+def _retry_after(response: HttpResponse, default: float) -> float:
     raw = response.headers.get("retry-after")
     if raw is None:
         return default
@@ -83,24 +84,14 @@ class PlatformClient:
         self.config = config
         self.timings = timings
         headers = {"Authorization": config.api_key, "User-Agent": USER_AGENT}
-        self._polls = httpx.AsyncClient(
-            headers=headers,
-            transport=transport,
-            # Long-polls are bounded by cancel scopes; httpx's per-read timeout would cut
-            # a legitimate hold short.
-            timeout=httpx.Timeout(connect=10.0, read=None, write=10.0, pool=10.0),
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
-        )
-        self._reports = httpx.AsyncClient(
-            headers={**headers, "Content-Type": REPORT_CONTENT_TYPE},
-            transport=transport,
-            timeout=httpx.Timeout(timings.report_deadline),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        self.polls = make_backend(headers, transport=transport, max_connections=4)
+        self._reports = make_backend(
+            {**headers, "Content-Type": REPORT_CONTENT_TYPE}, transport=transport
         )
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
-            await self._polls.aclose()
+            await self.polls.aclose()
             await self._reports.aclose()
 
     # -- take -----------------------------------------------------------------------------
@@ -123,18 +114,15 @@ class PlatformClient:
             httpx.TransportError: when the platform cannot be reached.
         """
         route = "take" if count == 1 else "take_batch"
-        try:
-            response = await self._polls.get(self.take_url(count, in_progress=in_progress))
-        except httpx.DecodingError as exc:
-            return TakeResponse(garbled=f"body could not be decoded: {exc}")
-        status = response.status_code
+        response = await self.polls.request("GET", self.take_url(count, in_progress=in_progress))
+        status = response.status
         if status in (204, 400):
             return TakeResponse()
         if status == 429:
             raise RateLimited(route, _retry_after(response, self.timings.rate_limit_pause))
         if not 200 <= status < 300:
             raise PlatformError(route, status)
-        return parse_take(status, response.headers.get("content-type", ""), response.content)
+        return parse_take(status, response.headers.get("content-type", ""), response.body)
 
     # -- stop -----------------------------------------------------------------------------
 
@@ -145,19 +133,15 @@ class PlatformClient:
             RateLimited, PlatformError, httpx.TransportError: as :meth:`take`.
         """
         assert self.config.stop_url is not None
-        try:
-            response = await self._polls.get(self.config.stop_url)
-        except httpx.DecodingError as exc:
-            log.warning("job-stop answer could not be decoded: %s", exc)
-            return []
-        status = response.status_code
+        response = await self.polls.request("GET", self.config.stop_url)
+        status = response.status
         if status == 204:
             return []
         if status == 429:
             raise RateLimited("stop", _retry_after(response, self.timings.rate_limit_pause))
         if not 200 <= status < 300:
             raise PlatformError("stop", status)
-        ids, warning = parse_stop(response.headers.get("content-type", ""), response.content)
+        ids, warning = parse_stop(response.headers.get("content-type", ""), response.body)
         if warning:
             log.warning("job-stop answer partly unusable: %s", warning)
         return ids
@@ -194,13 +178,7 @@ class PlatformClient:
         return ReportOutcome(False, attempts, last_error)
 
     async def _post(self, url: str, body: bytes) -> tuple[int, float | None]:
-        """POST *body*; the status and any Retry-After. The answer's body is read raw
-        (so the connection is reused) and never decoded: only the status matters."""
-        async with self._reports.stream("POST", url, content=body) as response:
-            try:
-                async for _ in response.aiter_raw():
-                    pass
-            except httpx.StreamConsumed:
-                pass  # a response built in memory (MockTransport) has nothing left to read
-            retry_after = _retry_after(response, -1.0)
-            return response.status_code, None if retry_after < 0 else retry_after
+        """POST *body*; the status and any Retry-After (only the status matters)."""
+        response = await self._reports.request("POST", url, body)
+        retry_after = _retry_after(response, -1.0)
+        return response.status, None if retry_after < 0 else retry_after

@@ -236,7 +236,7 @@ async def _serve(
             if heartbeat == "task" and settings.platform.ping_url:
                 outer.start_soon(
                     heartbeat_task,
-                    client._polls,
+                    client.polls,
                     settings.platform.ping_url,
                     settings.platform.ping_interval,
                     lambda: supervisor.ledger.held_ids,

@@ -1,0 +1,311 @@
+"""The HTTP the worker speaks: a lean HTTP/1.1 client on trio streams, and an httpx adapter.
+
+Why a client of our own: the platform protocol is a handful of tiny requests to a few
+fixed URLs, and every job costs at least two of them. httpx spends about 0.6-1.2 ms of CPU
+per request on its general machinery (benchmarks/results: 468 jobs/s for a bare httpx
+take+done loop against 2,397 for a raw one), which is the worker's whole budget at the
+throughput DESIGN §11 asks for. :class:`LeanHttp` builds each request as one bytes object,
+keeps connections alive, and parses only what the protocol needs (status, headers,
+Content-Length or chunked bodies).
+
+:class:`HttpxHttp` keeps httpx for what the lean client does not do: proxies (when a
+``*_PROXY`` variable is set) and injected transports (the in-process fake platform of the
+virtual-time suite). Both raise ``httpx`` exceptions, so callers handle one family.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+RECEIVE_SIZE = 65536
+MAX_HEADER_BYTES = 64 * 1024
+CONNECT_TIMEOUT = 10.0
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+
+class HttpBackend(Protocol):
+    async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def proxy_configured(environ: Mapping[str, str]) -> bool:
+    """True when a proxy variable is set: then only httpx knows how to reach the platform."""
+    return any(environ.get(name) or environ.get(name.lower()) for name in _PROXY_VARIABLES)
+
+
+class HttpxHttp:
+    """The backend over an ``httpx.AsyncClient`` (proxies, injected transports)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse:
+        async with self._client.stream(method, url, content=body or None) as response:
+            # Raw bytes: the protocol's bodies are JSON, and a body httpx cannot decode
+            # must not hide the status of an otherwise good answer.
+            try:
+                raw = b"".join([chunk async for chunk in response.aiter_raw()])
+            except httpx.StreamConsumed:
+                raw = response.content  # built in memory (MockTransport)
+            return HttpResponse(response.status_code, dict(response.headers), raw)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass
+class _Connection:
+    stream: trio.abc.Stream
+    buffer: bytearray = field(default_factory=bytearray)
+    reused: bool = False
+
+    async def receive_more(self) -> bool:
+        data = await self.stream.receive_some(RECEIVE_SIZE)
+        if not data:
+            return False
+        self.buffer += data
+        return True
+
+
+@dataclass(frozen=True)
+class _Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def host_header(self) -> str:
+        default = 443 if self.scheme == "https" else 80
+        return self.host if self.port == default else f"{self.host}:{self.port}"
+
+
+class _StaleConnection(Exception):
+    """A kept-alive connection the server had already closed; retry on a fresh one."""
+
+
+class LeanHttp:
+    """A small keep-alive HTTP/1.1 client on trio streams.
+
+    Not a general client: no redirects, no cookies, no compression, no proxies. A request
+    cancelled mid-flight closes its connection (never returned to the pool half-read), so
+    cancellation can never leak a pool slot (the failure mode of encode/httpcore#1093).
+    """
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._static = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._prefixes: dict[tuple[str, str], tuple[_Origin, bytes]] = {}
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, {}
+        with trio.CancelScope(shield=True):
+            for connections in idle.values():
+                for connection in connections:
+                    await trio.aclose_forcefully(connection.stream)
+
+    def _prefix(self, method: str, url: str) -> tuple[_Origin, bytes]:
+        key = (method, url)
+        cached = self._prefixes.get(key)
+        if cached is not None:
+            return cached
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise httpx.UnsupportedProtocol(f"cannot request {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        origin = _Origin(parts.scheme, parts.hostname, port)
+        target = parts.path or "/"
+        if parts.query:
+            target += "?" + parts.query
+        head = f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n{self._static}"
+        prefix = (origin, head.encode("latin-1"))
+        if len(self._prefixes) < 256:  # the worker's URLs are few; job URLs are not cached
+            self._prefixes[key] = prefix
+        return prefix
+
+    async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse:
+        origin, head = self._prefix(method, url)
+        message = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+        while True:
+            connection = await self._connection(origin)
+            try:
+                response, reusable = await self._exchange(connection, method, message)
+            except _StaleConnection:
+                # The server closed it while it sat idle; nothing was processed, so the
+                # request goes again on a fresh connection.
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(connection.stream)
+                continue
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(connection.stream)
+                raise
+            if reusable:
+                connection.reused = True
+                self._idle.setdefault(origin, []).append(connection)
+            else:
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(connection.stream)
+            return response
+
+    async def _connection(self, origin: _Origin) -> _Connection:
+        idle = self._idle.get(origin)
+        if idle:
+            return idle.pop()
+        with trio.move_on_after(CONNECT_TIMEOUT) as scope:
+            try:
+                stream: trio.abc.Stream
+                if origin.scheme == "https":
+                    if self._ssl is None:
+                        self._ssl = ssl.create_default_context()
+                    stream = await trio.open_ssl_over_tcp_stream(
+                        origin.host, origin.port, ssl_context=self._ssl
+                    )
+                else:
+                    stream = await trio.open_tcp_stream(origin.host, origin.port)
+            except OSError as exc:
+                raise httpx.ConnectError(f"{origin.host}:{origin.port}: {exc}") from exc
+        if scope.cancelled_caught:
+            raise httpx.ConnectTimeout(f"{origin.host}:{origin.port}: connect timed out")
+        return _Connection(stream)
+
+    async def _exchange(
+        self, connection: _Connection, method: str, message: bytes
+    ) -> tuple[HttpResponse, bool]:
+        try:
+            await connection.stream.send_all(message)
+            status, headers, http10 = await self._read_head(connection)
+            body, complete = await self._read_body(connection, method, status, headers)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if connection.reused and not connection.buffer:
+                raise _StaleConnection from exc
+            raise httpx.ReadError(f"connection lost: {exc!r}") from exc
+        keep = headers.get("connection", "").lower()
+        reusable = complete and not connection.buffer and keep != "close"
+        if http10 and keep != "keep-alive":
+            reusable = False
+        return HttpResponse(status, headers, body), reusable
+
+    async def _read_head(self, connection: _Connection) -> tuple[int, dict[str, str], bool]:
+        while True:  # skips 1xx interim answers
+            end = connection.buffer.find(b"\r\n\r\n")
+            while end < 0:
+                if len(connection.buffer) > MAX_HEADER_BYTES:
+                    raise httpx.RemoteProtocolError("response head too large")
+                if not await connection.receive_more():
+                    if connection.reused and not connection.buffer:
+                        raise _StaleConnection
+                    raise httpx.RemoteProtocolError("server closed the connection early")
+                end = connection.buffer.find(b"\r\n\r\n")
+            head = bytes(connection.buffer[:end]).decode("latin-1")
+            del connection.buffer[: end + 4]
+            lines = head.split("\r\n")
+            try:
+                version, code = lines[0].split(" ", 2)[:2]
+                status = int(code)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad status line {lines[0]!r}") from None
+            if not version.startswith("HTTP/1."):
+                raise httpx.RemoteProtocolError(f"unsupported protocol {version!r}")
+            if 100 <= status < 200:
+                continue
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep:
+                    raise httpx.RemoteProtocolError(f"bad header line {line!r}")
+                headers[name.strip().lower()] = value.strip()
+            return status, headers, version == "HTTP/1.0"
+
+    async def _read_body(
+        self, connection: _Connection, method: str, status: int, headers: dict[str, str]
+    ) -> tuple[bytes, bool]:
+        if method == "HEAD" or status in (204, 304):
+            return b"", True
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return await self._read_chunked(connection), True
+        length = headers.get("content-length")
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad Content-Length {length!r}") from None
+            while len(connection.buffer) < size:
+                if not await connection.receive_more():
+                    raise httpx.RemoteProtocolError("body shorter than Content-Length")
+            body = bytes(connection.buffer[:size])
+            del connection.buffer[:size]
+            return body, True
+        while await connection.receive_more():  # delimited by the connection's end
+            pass
+        body = bytes(connection.buffer)
+        connection.buffer.clear()
+        return body, False
+
+    async def _read_chunked(self, connection: _Connection) -> bytes:
+        body = bytearray()
+        while True:
+            line = await self._read_line(connection)
+            try:
+                size = int(line.split(";", 1)[0], 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad chunk size {line!r}") from None
+            if size == 0:
+                while await self._read_line(connection):  # trailers, then the empty line
+                    pass
+                return bytes(body)
+            while len(connection.buffer) < size + 2:
+                if not await connection.receive_more():
+                    raise httpx.RemoteProtocolError("chunked body cut short")
+            body += connection.buffer[:size]
+            del connection.buffer[: size + 2]
+
+    async def _read_line(self, connection: _Connection) -> str:
+        end = connection.buffer.find(b"\r\n")
+        while end < 0:
+            if not await connection.receive_more():
+                raise httpx.RemoteProtocolError("connection closed inside a chunked body")
+            end = connection.buffer.find(b"\r\n")
+        line = bytes(connection.buffer[:end]).decode("latin-1")
+        del connection.buffer[: end + 2]
+        return line
+
+
+def make_backend(
+    headers: Mapping[str, str],
+    *,
+    transport: httpx.AsyncBaseTransport | None,
+    environ: Mapping[str, str] | None = None,
+    max_connections: int | None = None,
+) -> HttpBackend:
+    """The lean client, unless a transport is injected or a proxy must be honoured."""
+    env = os.environ if environ is None else environ
+    if transport is None and not proxy_configured(env):
+        return LeanHttp(headers)
+    client = httpx.AsyncClient(
+        headers=dict(headers),
+        transport=transport,
+        # Every request is bounded by a cancel scope; httpx's per-read timeout would cut
+        # a legitimate long-poll short.
+        timeout=httpx.Timeout(connect=CONNECT_TIMEOUT, read=None, write=10.0, pool=10.0),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
+    )
+    return HttpxHttp(client)
