@@ -1,16 +1,18 @@
 """A streaming worker: an async generator whose chunks reach the caller as they are made.
 
-    python examples/streaming_worker.py --test_input '{"input": {"words": 5}}'
+python examples/streaming_worker.py --test_input '{"input": {"words": 5}}'
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 import trio_worker
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 
 async def handler(job: dict[str, Any]) -> AsyncIterator[str]:
