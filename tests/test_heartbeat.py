@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from trio_worker._heartbeat import HeartbeatThread, heartbeat_task, ping_params
+from trio_worker._http import HttpxHttp
 from trio_worker._version import __version__
 
 KEY = "rpa_ping_key"
@@ -266,7 +267,7 @@ async def test_heartbeat_task_pings_every_interval_in_virtual_time(
     ) as client:
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(heartbeat_task, client, url, 10.0, held)
+            nursery.start_soon(heartbeat_task, HttpxHttp(client), url, 10.0, held)
             await trio.sleep(15)
             held.ids = ("c",)
             await trio.sleep(10)
@@ -297,7 +298,7 @@ async def test_heartbeat_task_survives_failed_pings(
     async with httpx.AsyncClient(transport=httpx.MockTransport(flaky)) as client:
         start = trio.current_time()
         with trio.move_on_after(4.5):
-            await heartbeat_task(client, "http://p.test/ping", 1.0, Held())
+            await heartbeat_task(HttpxHttp(client), "http://p.test/ping", 1.0, Held())
     assert [t - start for t in times] == [0.0, 1.0, 2.0, 3.0, 4.0]
     failures = [r for r in caplog.records if "ping failed" in r.getMessage()]
     assert len(failures) == 2
@@ -314,7 +315,9 @@ async def test_heartbeat_task_keeps_the_ping_templates_query(
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
         with trio.move_on_after(0.5):
-            await heartbeat_task(client, "http://p.test/ping/w1?gpu=A100", 1.0, Held("a"))
+            await heartbeat_task(
+                HttpxHttp(client), "http://p.test/ping/w1?gpu=A100", 1.0, Held("a")
+            )
     [url] = urls
     assert url.params.get("gpu") == "A100"
     assert url.params.get("job_id") == "a"
