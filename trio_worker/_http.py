@@ -76,13 +76,21 @@ class _Connection:
     stream: trio.abc.Stream
     buffer: bytearray = field(default_factory=bytearray)
     reused: bool = False
+    # Whether any byte of the current request's answer arrived: only a connection that
+    # answered nothing at all may be called stale and the request sent again.
+    answered: bool = False
 
     async def receive_more(self) -> bool:
         data = await self.stream.receive_some(RECEIVE_SIZE)
         if not data:
             return False
+        self.answered = True
         self.buffer += data
         return True
+
+    @property
+    def stale(self) -> bool:
+        return self.reused and not self.answered
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,8 @@ class _Origin:
     @property
     def host_header(self) -> str:
         default = 443 if self.scheme == "https" else 80
-        return self.host if self.port == default else f"{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
+        return host if self.port == default else f"{host}:{self.port}"
 
 
 class _StaleConnection(Exception):
@@ -130,7 +139,10 @@ class LeanHttp:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise httpx.UnsupportedProtocol(f"cannot request {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError as exc:
+            raise httpx.UnsupportedProtocol(f"cannot request {url!r}: {exc}") from None
         origin = _Origin(parts.scheme, parts.hostname, port)
         target = parts.path or "/"
         if parts.query:
@@ -190,12 +202,13 @@ class LeanHttp:
     async def _exchange(
         self, connection: _Connection, method: str, message: bytes
     ) -> tuple[HttpResponse, bool]:
+        connection.answered = False
         try:
             await connection.stream.send_all(message)
             status, headers, http10 = await self._read_head(connection)
             body, complete = await self._read_body(connection, method, status, headers)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            if connection.reused and not connection.buffer:
+            if connection.stale:
                 raise _StaleConnection from exc
             raise httpx.ReadError(f"connection lost: {exc!r}") from exc
         keep = headers.get("connection", "").lower()
@@ -211,10 +224,12 @@ class LeanHttp:
                 if len(connection.buffer) > MAX_HEADER_BYTES:
                     raise httpx.RemoteProtocolError("response head too large")
                 if not await connection.receive_more():
-                    if connection.reused and not connection.buffer:
+                    if connection.stale:
                         raise _StaleConnection
                     raise httpx.RemoteProtocolError("server closed the connection early")
                 end = connection.buffer.find(b"\r\n\r\n")
+            if end > MAX_HEADER_BYTES:
+                raise httpx.RemoteProtocolError("response head too large")
             head = bytes(connection.buffer[:end]).decode("latin-1")
             del connection.buffer[: end + 4]
             lines = head.split("\r\n")
@@ -244,10 +259,9 @@ class LeanHttp:
             return await self._read_chunked(connection), True
         length = headers.get("content-length")
         if length is not None:
-            try:
-                size = int(length)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad Content-Length {length!r}") from None
+            size = int(length) if length.isdigit() else -1
+            if size < 0:
+                raise httpx.RemoteProtocolError(f"bad Content-Length {length!r}")
             while len(connection.buffer) < size:
                 if not await connection.receive_more():
                     raise httpx.RemoteProtocolError("body shorter than Content-Length")
@@ -264,10 +278,13 @@ class LeanHttp:
         body = bytearray()
         while True:
             line = await self._read_line(connection)
+            digits = line.split(";", 1)[0].strip()
             try:
-                size = int(line.split(";", 1)[0], 16)
+                size = int(digits, 16) if digits.isalnum() else -1
             except ValueError:
-                raise httpx.RemoteProtocolError(f"bad chunk size {line!r}") from None
+                size = -1
+            if size < 0:
+                raise httpx.RemoteProtocolError(f"bad chunk size {line!r}")
             if size == 0:
                 while await self._read_line(connection):  # trailers, then the empty line
                     pass

@@ -1,0 +1,1311 @@
+"""The worker's HTTP clients: :class:`LeanHttp` over real loopback, :class:`HttpxHttp`, and
+:func:`make_backend`.
+
+The lean client is tested against a raw TCP server scripted byte by byte (:class:`Server`),
+so every test controls exactly what the client receives: how the response is split into
+TCP writes, when the server closes or resets, and whether a connection is reused (counted
+by accepted connections). Real sockets use the real clock, so every wait is on an event
+bounded by ``trio.fail_after``; the only sleeps are a few milliseconds to split writes.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import struct
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+import trio
+
+import trio_worker._http as http_module
+from trio_worker._http import (
+    MAX_HEADER_BYTES,
+    HttpResponse,
+    HttpxHttp,
+    LeanHttp,
+    make_backend,
+    proxy_configured,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+pytestmark = pytest.mark.timeout(20)
+
+STATIC_HEADERS = {"Authorization": "Bearer secret-key", "User-Agent": "trio-worker-test/1"}
+TIMEOUT = 5.0
+
+
+# --------------------------------------------------------------------------------------
+# A scripted HTTP/1.1 server on loopback
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    """One request as the server read it off the wire."""
+
+    connection: int
+    method: str
+    target: str
+    version: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    raw: bytes
+
+    def header(self, name: str) -> str | None:
+        values = [v for k, v in self.headers if k.lower() == name.lower()]
+        assert len(values) <= 1, f"duplicate header {name}: {values}"
+        return values[0] if values else None
+
+
+@dataclass
+class Reply:
+    """What the server does after reading one request.
+
+    ``parts`` are sent as separate TCP writes (``pause`` seconds apart), then ``then``:
+    ``"keep"`` reads the next request on the same connection, ``"close"`` closes it
+    cleanly (FIN) and ``"reset"`` aborts it (RST, SO_LINGER 0).
+    """
+
+    parts: list[bytes]
+    then: str = "keep"
+    pause: float = 0.0
+
+
+class Peer:
+    """The server's side of one accepted connection."""
+
+    def __init__(self, server: Server, stream: trio.SocketStream, index: int) -> None:
+        self.server = server
+        self.stream = stream
+        self.index = index
+        self.buffer = bytearray()
+        self.client_closed = trio.Event()  # the client closed or reset its side
+        self.client_reset = False
+        self.done = trio.Event()  # the handler for this connection returned
+        self.closed_by_server = False
+
+    async def _receive(self) -> bytes:
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.ClosedResourceError:  # we closed it ourselves (close()/reset())
+            return b""
+        except trio.BrokenResourceError:
+            self.client_reset = True
+            self.client_closed.set()
+            return b""
+        if not data and not self.closed_by_server:
+            self.client_closed.set()
+        return data
+
+    async def read_request(self) -> Received | None:
+        """The next request, or None when the connection ended at a request boundary."""
+        while (end := self.buffer.find(b"\r\n\r\n")) < 0:
+            data = await self._receive()
+            if not data:
+                assert not self.buffer, f"connection ended inside a head: {bytes(self.buffer)!r}"
+                return None
+            self.buffer += data
+        head = bytes(self.buffer[:end]).decode("latin-1")
+        lines = head.split("\r\n")
+        method, target, version = lines[0].split(" ")
+        headers: list[tuple[str, str]] = []
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            assert sep, f"bad header line {line!r}"
+            headers.append((name, value.strip()))
+        lengths = [v for k, v in headers if k.lower() == "content-length"]
+        size = int(lengths[0]) if lengths else 0
+        while len(self.buffer) < end + 4 + size:
+            data = await self._receive()
+            assert data, "connection ended inside a request body"
+            self.buffer += data
+        raw = bytes(self.buffer[: end + 4 + size])
+        del self.buffer[: end + 4 + size]
+        request = Received(self.index, method, target, version, headers, raw[end + 4 :], raw)
+        self.server.requests.append(request)
+        self.server.request_arrived.set()
+        return request
+
+    async def send(self, parts: list[bytes], pause: float = 0.0) -> None:
+        for number, part in enumerate(parts):
+            if number and pause:
+                await trio.sleep(pause)
+            await self.stream.send_all(part)
+
+    async def close(self) -> None:
+        self.closed_by_server = True
+        await self.stream.aclose()
+
+    async def reset(self) -> None:
+        self.closed_by_server = True
+        self.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await self.stream.aclose()
+
+
+class Server:
+    """Accepts connections and answers each request with the next queued :class:`Reply`."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self.replies: deque[Reply] = deque()
+        self.requests: list[Received] = []
+        self.peers: list[Peer] = []
+        self.accepted = 0
+        self.request_arrived = trio.Event()
+        self.handler: Callable[[Peer], Awaitable[None]] = self.scripted
+
+    def url(self, target: str) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{target}"
+
+    def reply(self, *parts: bytes, then: str = "keep", pause: float = 0.0) -> None:
+        self.replies.append(Reply(list(parts), then, pause))
+
+    async def start(self, nursery: trio.Nursery) -> Server:
+        listeners = await nursery.start(partial(trio.serve_tcp, host=self.host), self._handle, 0)
+        self.port = listeners[0].socket.getsockname()[1]
+        return self
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        peer = Peer(self, stream, self.accepted)
+        self.accepted += 1
+        self.peers.append(peer)
+        try:
+            await self.handler(peer)
+        except trio.BrokenResourceError:  # the client gave up while we were sending
+            peer.client_reset = True
+            peer.client_closed.set()
+        finally:
+            peer.done.set()
+
+    async def scripted(self, peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:
+            assert self.replies, f"unexpected request {request.raw!r}"
+            reply = self.replies.popleft()
+            await peer.send(reply.parts, reply.pause)
+            if reply.then == "close":
+                await peer.close()
+                return
+            if reply.then == "reset":
+                if reply.pause:
+                    await trio.sleep(reply.pause)
+                await peer.reset()
+                return
+            assert reply.then == "keep", reply.then
+
+
+def response(
+    body: bytes = b"",
+    status: str = "200 OK",
+    headers: tuple[str, ...] = (),
+    *,
+    length: bool = True,
+    version: str = "HTTP/1.1",
+) -> bytes:
+    lines = [f"{version} {status}", *headers]
+    if length:
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def split(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+@pytest.fixture
+async def server(nursery: trio.Nursery) -> Server:
+    return await Server().start(nursery)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[LeanHttp]:
+    lean = LeanHttp(STATIC_HEADERS)
+    try:
+        yield lean
+    finally:
+        await lean.aclose()
+
+
+def assert_no_resource_warning() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    leaks = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaks, [str(w.message) for w in leaks]
+
+
+# --------------------------------------------------------------------------------------
+# Round trips: the bytes on the wire
+# --------------------------------------------------------------------------------------
+
+
+async def test_get_sends_exact_request_bytes(server: Server, client: LeanHttp) -> None:
+    server.reply(response(b'{"id": "j1"}', headers=("Content-Type: application/json",)))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/v2/ep/job-take/w1?batch=3&x=%2F"))
+    assert answer == HttpResponse(
+        200,
+        {"content-type": "application/json", "content-length": "12"},
+        b'{"id": "j1"}',
+    )
+    [request] = server.requests
+    assert request.raw == (
+        b"GET /v2/ep/job-take/w1?batch=3&x=%2F HTTP/1.1\r\n"
+        + f"Host: 127.0.0.1:{server.port}\r\n".encode()
+        + b"Authorization: Bearer secret-key\r\n"
+        b"User-Agent: trio-worker-test/1\r\n"
+        b"Content-Length: 0\r\n"
+        b"\r\n"
+    )
+
+
+async def test_post_sends_body_verbatim(server: Server, client: LeanHttp) -> None:
+    body = b'{"output": "a\\r\\nb"}\r\n\r\nHTTP/1.1 200 OK\x00\xff' + bytes(range(256))
+    server.reply(response(b"", "204 No Content", length=False))
+    server.reply(response(b"ok"))
+    with trio.fail_after(TIMEOUT):
+        first = await client.request("POST", server.url("/v2/ep/job-done/w1?isStream=false"), body)
+        second = await client.request("POST", server.url("/empty"))
+    assert (first.status, first.body) == (204, b"")
+    assert (second.status, second.body) == (200, b"ok")
+    posted, empty = server.requests
+    assert (posted.method, posted.target, posted.version) == (
+        "POST",
+        "/v2/ep/job-done/w1?isStream=false",
+        "HTTP/1.1",
+    )
+    assert posted.header("Content-Length") == str(len(body))
+    assert posted.body == body
+    assert posted.header("Host") == f"127.0.0.1:{server.port}"
+    assert posted.header("Authorization") == "Bearer secret-key"
+    assert (empty.header("Content-Length"), empty.body) == ("0", b"")
+
+
+async def test_target_defaults_to_slash_and_drops_fragment(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response())
+    server.reply(response())
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", f"http://127.0.0.1:{server.port}")
+        await client.request("GET", server.url("/p?q=1#fragment"))
+    assert [r.target for r in server.requests] == ["/", "/p?q=1"]
+
+
+async def test_no_static_headers(server: Server) -> None:
+    server.reply(response())
+    lean = LeanHttp({})
+    try:
+        with trio.fail_after(TIMEOUT):
+            await lean.request("DELETE", server.url("/x"))
+    finally:
+        await lean.aclose()
+    assert (
+        server.requests[0].raw
+        == (
+            f"DELETE /x HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Length: 0\r\n\r\n"
+        ).encode()
+    )
+
+
+@pytest.fixture
+def redirected(server: Server, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
+    """Route every connection (http and https) to the plain loopback ``server``.
+
+    So URLs on default ports (80, 443) can be tested without binding them, and the https
+    code path is exercised without TLS. Records (kind, host, port) of each connect.
+    """
+    calls: list[tuple[str, str, int]] = []
+    real_open = trio.open_tcp_stream
+
+    async def fake_tcp(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+        calls.append(("tcp", host, port))
+        return await real_open("127.0.0.1", server.port)
+
+    async def fake_ssl(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+        calls.append(("ssl", host, port))
+        return await real_open("127.0.0.1", server.port)
+
+    monkeypatch.setattr(trio, "open_tcp_stream", fake_tcp)
+    monkeypatch.setattr(trio, "open_ssl_over_tcp_stream", fake_ssl)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("url", "connect", "host"),
+    [
+        ("http://api.example.test/v2/x?y=1", ("tcp", "api.example.test", 80), "api.example.test"),
+        (
+            "http://api.example.test:80/v2/x?y=1",
+            ("tcp", "api.example.test", 80),
+            "api.example.test",
+        ),
+        (
+            "http://api.example.test:8080/v2/x?y=1",
+            ("tcp", "api.example.test", 8080),
+            "api.example.test:8080",
+        ),
+        (
+            "http://api.example.test:443/v2/x?y=1",
+            ("tcp", "api.example.test", 443),
+            "api.example.test:443",
+        ),
+        ("https://api.example.test/v2/x?y=1", ("ssl", "api.example.test", 443), "api.example.test"),
+        (
+            "https://api.example.test:8443/v2/x?y=1",
+            ("ssl", "api.example.test", 8443),
+            "api.example.test:8443",
+        ),
+        (
+            "https://api.example.test:80/v2/x?y=1",
+            ("ssl", "api.example.test", 80),
+            "api.example.test:80",
+        ),
+    ],
+)
+async def test_host_header_and_default_ports(
+    server: Server,
+    client: LeanHttp,
+    redirected: list[tuple[str, str, int]],
+    url: str,
+    connect: tuple[str, str, int],
+    host: str,
+) -> None:
+    server.reply(response(b"a"))
+    server.reply(response(b"b"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", url)).body == b"a"
+        assert (await client.request("GET", url)).body == b"b"  # kept alive per origin
+    assert redirected == [connect]
+    assert [r.header("Host") for r in server.requests] == [host, host]
+    assert [r.target for r in server.requests] == ["/v2/x?y=1", "/v2/x?y=1"]
+
+
+async def test_origins_do_not_share_connections(
+    server: Server, client: LeanHttp, redirected: list[tuple[str, str, int]]
+) -> None:
+    for _ in range(4):
+        server.reply(response())
+    with trio.fail_after(TIMEOUT):
+        for url in ("http://a.test/", "http://b.test/", "http://a.test/", "https://a.test/"):
+            await client.request("GET", url)
+    assert redirected == [("tcp", "a.test", 80), ("tcp", "b.test", 80), ("ssl", "a.test", 443)]
+    assert server.accepted == 3
+    assert [r.connection for r in server.requests] == [0, 1, 0, 2]
+
+
+async def test_host_header_for_ipv6_literal(nursery: trio.Nursery, client: LeanHttp) -> None:
+    v6 = await Server("::1").start(nursery)
+    v6.reply(response(b"ok"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", v6.url("/x"))
+    assert answer.body == b"ok"
+    assert v6.requests[0].header("Host") == f"[::1]:{v6.port}"
+
+
+# --------------------------------------------------------------------------------------
+# Keep-alive
+# --------------------------------------------------------------------------------------
+
+
+async def test_sequential_requests_share_one_connection(server: Server, client: LeanHttp) -> None:
+    n = 10
+    for i in range(n):
+        server.reply(response(f"answer {i}".encode()))
+    with trio.fail_after(TIMEOUT):
+        bodies = [
+            (await client.request("POST" if i % 2 else "GET", server.url(f"/r/{i}"), b"x" * i)).body
+            for i in range(n)
+        ]
+    assert bodies == [f"answer {i}".encode() for i in range(n)]
+    assert server.accepted == 1
+    assert [r.target for r in server.requests] == [f"/r/{i}" for i in range(n)]
+    assert [r.body for r in server.requests] == [b"x" * i for i in range(n)]
+
+
+async def test_concurrent_requests_open_separate_connections_then_reuse(
+    server: Server, client: LeanHttp
+) -> None:
+    # Three requests in flight at once need three connections; afterwards all three are
+    # idle and the next three requests reuse them.
+    gate = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:
+            if len(server.requests) >= 3:
+                gate.set()
+            await gate.wait()
+            await peer.send([response(request.target.encode())])
+
+    server.handler = handler
+    results: list[bytes] = []
+
+    async def one(i: int) -> None:
+        results.append((await client.request("GET", server.url(f"/{i}"))).body)
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+        assert server.accepted == 3
+        async with trio.open_nursery() as nursery:
+            for i in range(3, 6):
+                nursery.start_soon(one, i)
+    assert sorted(results) == [f"/{i}".encode() for i in range(6)]
+    assert server.accepted == 3
+
+
+@pytest.mark.parametrize("value", ["close", "Close", "CLOSE"])
+async def test_connection_close_response_is_not_reused(
+    server: Server, client: LeanHttp, value: str
+) -> None:
+    server.reply(response(b"first", headers=(f"Connection: {value}",)))
+    server.reply(response(b"second"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        await server.peers[0].client_closed.wait()  # the client closed its side
+        assert (await client.request("GET", server.url("/2"))).body == b"second"
+    assert server.accepted == 2
+    assert [r.connection for r in server.requests] == [0, 1]
+    assert not server.peers[0].client_reset
+
+
+async def test_http10_response_without_keep_alive_is_not_reused(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"old", version="HTTP/1.0"))
+    server.reply(response(b"new"))
+    with trio.fail_after(TIMEOUT):
+        first = await client.request("GET", server.url("/1"))
+        await server.peers[0].client_closed.wait()
+        second = await client.request("GET", server.url("/2"))
+    assert (first.status, first.body, second.body) == (200, b"old", b"new")
+    assert server.accepted == 2
+
+
+async def test_http10_response_with_keep_alive_is_reused(server: Server, client: LeanHttp) -> None:
+    server.reply(response(b"old", version="HTTP/1.0", headers=("Connection: Keep-Alive",)))
+    server.reply(response(b"new"))
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+        await client.request("GET", server.url("/2"))
+    assert server.accepted == 1
+
+
+async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: LeanHttp) -> None:
+    # Bytes beyond the framed body (in the same write) mean the stream is out of sync:
+    # the connection must not be reused.
+    server.reply(response(b"ok") + b"garbage")
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"ok"
+        assert (await client.request("GET", server.url("/2"))).body == b"fresh"
+    assert server.accepted == 2
+
+
+# --------------------------------------------------------------------------------------
+# Bodies
+# --------------------------------------------------------------------------------------
+
+
+async def test_content_length_body_over_many_small_writes(server: Server, client: LeanHttp) -> None:
+    body = bytes(range(256)) * 3
+    wire = response(body, headers=("X-Split: yes",))
+    # The head byte by byte, then the body seven bytes at a time.
+    head_len = len(wire) - len(body)
+    server.reply(*split(wire[:head_len], 1), *split(body, 7), pause=0.0005)
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/split"))
+        after = await client.request("GET", server.url("/after"))
+    assert answer.status == 200
+    assert answer.headers["x-split"] == "yes"
+    assert answer.body == body
+    assert after.body == b"after"
+    assert server.accepted == 1
+
+
+async def test_large_content_length_body(server: Server, client: LeanHttp) -> None:
+    body = b"0123456789abcdef" * 20_000  # 320 kB: many receive_some calls
+    server.reply(response(body))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/big"))).body == body
+
+
+async def test_pipelined_responses_in_one_write_are_not_mixed(
+    server: Server, client: LeanHttp
+) -> None:
+    # A zero-length body: Content-Length: 0 returns at once, without reading further.
+    server.reply(response(b""))
+    server.reply(response(b"x"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b""
+        assert (await client.request("GET", server.url("/2"))).body == b"x"
+    assert server.accepted == 1
+
+
+CHUNKED_WIRE = (
+    b"HTTP/1.1 200 OK\r\n"
+    b"Transfer-Encoding: chunked\r\n"
+    b"Content-Type: application/json\r\n"
+    b"\r\n"
+    b"5;name=value;other\r\n"
+    b"hello\r\n"
+    b"1\r\n"
+    b" \r\n"
+    b"A\r\n"
+    b"0123456789\r\n"
+    b"b ; ext\r\n"
+    b"\r\n\r\n0\r\n\r\nab\r\n"
+    b"0;last=1\r\n"
+    b"X-Trailer: one\r\n"
+    b"X-Other: two\r\n"
+    b"\r\n"
+)
+CHUNKED_BODY = b"hello 0123456789\r\n\r\n0\r\n\r\nab"
+
+
+@pytest.mark.parametrize("write_size", [len(CHUNKED_WIRE), 1, 3])
+async def test_chunked_body_with_extensions_and_trailers(
+    server: Server, client: LeanHttp, write_size: int
+) -> None:
+    server.reply(*split(CHUNKED_WIRE, write_size), pause=0.0002 if write_size < 10 else 0.0)
+    server.reply(response(b"next"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/chunked"))
+        after = await client.request("GET", server.url("/next"))
+    assert answer.status == 200
+    assert answer.body == CHUNKED_BODY
+    assert answer.headers["transfer-encoding"] == "chunked"
+    assert after.body == b"next"  # trailers consumed exactly: the connection stays in sync
+    assert server.accepted == 1
+
+
+async def test_chunked_takes_precedence_over_content_length(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: Chunked\r\n\r\n"
+        b"4\r\nabcd\r\n0\r\n\r\n"
+    )
+    server.reply(response(b"next"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"abcd"
+        assert (await client.request("GET", server.url("/2"))).body == b"next"
+    assert server.accepted == 1
+
+
+async def test_close_delimited_body_reads_to_eof(server: Server, client: LeanHttp) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+    server.reply(head, b"part one, ", b"part two", then="close", pause=0.001)
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/eof"))
+        after = await client.request("GET", server.url("/fresh"))
+    assert answer.body == b"part one, part two"
+    assert "content-length" not in answer.headers
+    assert after.body == b"fresh"
+    assert server.accepted == 2
+
+
+async def test_close_delimited_empty_body(server: Server, client: LeanHttp) -> None:
+    server.reply(b"HTTP/1.1 200 OK\r\n\r\n", then="close")
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/eof"))
+    assert (answer.status, answer.body) == (200, b"")
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+        b"HTTP/1.1 304 Not Modified\r\n\r\n",
+        b'HTTP/1.1 304 Not Modified\r\nContent-Length: 120\r\nETag: "x"\r\n\r\n',
+    ],
+)
+async def test_204_and_304_have_no_body(server: Server, client: LeanHttp, wire: bytes) -> None:
+    server.reply(wire)
+    server.reply(response(b"next"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/nobody"))
+        after = await client.request("GET", server.url("/next"))
+    assert answer.body == b""
+    assert answer.status in (204, 304)
+    assert after.body == b"next"  # the next response was not eaten as a body
+    assert server.accepted == 1
+
+
+async def test_head_response_has_no_body(server: Server, client: LeanHttp) -> None:
+    server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+    server.reply(response(b"next"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("HEAD", server.url("/h"))
+        after = await client.request("GET", server.url("/next"))
+    assert (answer.status, answer.headers["content-length"], answer.body) == (200, "1000", b"")
+    assert after.body == b"next"
+    assert server.accepted == 1
+
+
+@pytest.mark.parametrize("separate_writes", [False, True])
+async def test_interim_100_continue_is_skipped(
+    server: Server, client: LeanHttp, separate_writes: bool
+) -> None:
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\nX-Interim: 1\r\n\r\n"
+    final = response(b"done", "201 Created", headers=("X-Final: 1",))
+    if separate_writes:
+        server.reply(interim, final, pause=0.001)
+    else:
+        server.reply(interim + final)
+    server.reply(response(b"next"))
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("POST", server.url("/c"), b"payload")
+        after = await client.request("GET", server.url("/next"))
+    assert answer == HttpResponse(201, {"x-final": "1", "content-length": "4"}, b"done")
+    assert after.body == b"next"
+    assert server.accepted == 1
+
+
+async def test_header_parsing(server: Server, client: LeanHttp) -> None:
+    server.reply(
+        b"HTTP/1.1 404\r\n"  # no reason phrase
+        b"X-Mixed-Case:   padded value  \r\n"
+        b"Location: http://host:1/a?b=c\r\n"
+        b"Empty:\r\n"
+        b"Content-Length: 2\r\n\r\nno"
+    )
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/h"))
+    assert answer == HttpResponse(
+        404,
+        {
+            "x-mixed-case": "padded value",
+            "location": "http://host:1/a?b=c",
+            "empty": "",
+            "content-length": "2",
+        },
+        b"no",
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Stale kept-alive connections
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_stale_connection_is_retried_on_a_fresh_one(
+    server: Server, client: LeanHttp, how: str, method: str
+) -> None:
+    server.reply(response(b"first"))
+    server.reply(response(b"second"))
+    body = b'{"job": "done"}' if method == "POST" else b""
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        # The server drops the idle kept-alive connection.
+        idle = server.peers[0]
+        await (idle.close() if how == "close" else idle.reset())
+        await idle.done.wait()
+        answer = await client.request(method, server.url("/2"), body)
+    assert answer.body == b"second"
+    assert server.accepted == 2
+    # The request reached the server exactly once, on the fresh connection.
+    assert [(r.connection, r.target, r.body) for r in server.requests] == [
+        (0, "/1", b""),
+        (1, "/2", body),
+    ]
+
+
+async def test_several_stale_connections_are_all_skipped(server: Server, client: LeanHttp) -> None:
+    gate = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:
+            if len(server.requests) >= 2:
+                gate.set()
+            await gate.wait()
+            await peer.send([response(request.target.encode())])
+
+    server.handler = handler
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.request, "GET", server.url("/a"))
+            nursery.start_soon(client.request, "GET", server.url("/b"))
+        assert server.accepted == 2
+        for peer in list(server.peers):
+            await peer.close()
+            await peer.done.wait()
+        answer = await client.request("POST", server.url("/c"), b"once")
+    assert answer.body == b"/c"
+    assert server.accepted == 3
+    assert [(r.connection, r.body) for r in server.requests][-1] == (2, b"once")
+    assert len(server.requests) == 3
+
+
+async def test_fresh_connection_closed_before_answer_is_not_retried(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(then="close")
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+        await client.request("POST", server.url("/x"), b"body")
+    assert server.accepted == 1
+    assert len(server.requests) == 1
+
+
+async def test_reset_after_response_head_on_reused_connection_is_not_retried(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"first"))
+    # Head (promising 10 bytes) then an abortive close before any body byte.
+    server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", then="reset", pause=0.005)
+    server.reply(response(b"duplicate"))
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+        try:
+            answer: HttpResponse | None = await client.request(
+                "POST", server.url("/done"), b"result"
+            )
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            answer = None
+    posts = [r for r in server.requests if r.method == "POST"]
+    assert len(posts) == 1, f"POST delivered {len(posts)} times; answer {answer}"
+    assert answer is None
+
+
+async def test_close_after_interim_answer_on_reused_connection_is_not_retried(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"first"))
+    server.reply(b"HTTP/1.1 100 Continue\r\n\r\n", then="close")
+    server.reply(response(b"duplicate"))
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.request("POST", server.url("/done"), b"result")
+    assert len([r for r in server.requests if r.method == "POST"]) == 1
+
+
+# --------------------------------------------------------------------------------------
+# Errors map to httpx exceptions
+# --------------------------------------------------------------------------------------
+
+
+async def test_connection_refused_is_connect_error(client: LeanHttp) -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    await listeners[0].aclose()
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.ConnectError) as caught:
+        await client.request("GET", f"http://127.0.0.1:{port}/x")
+    assert isinstance(caught.value.__cause__, OSError)
+    assert f"127.0.0.1:{port}" in str(caught.value)
+
+
+async def test_connect_timeout_is_connect_timeout(
+    client: LeanHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def never(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(http_module, "CONNECT_TIMEOUT", 0.005)
+    monkeypatch.setattr(trio, "open_tcp_stream", never)
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.ConnectTimeout):
+        await client.request("GET", "http://192.0.2.1:81/x")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://127.0.0.1/x", "ws://127.0.0.1/x", "127.0.0.1:80/x", "/relative", "http:///nohost"],
+)
+async def test_unsupported_url_is_unsupported_protocol(client: LeanHttp, url: str) -> None:
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.UnsupportedProtocol):
+        await client.request("GET", url)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:notaport/x", "http://127.0.0.1:99999/x"])
+async def test_invalid_port_raises_httpx_exception(client: LeanHttp, url: str) -> None:
+    with trio.fail_after(TIMEOUT), pytest.raises((httpx.InvalidURL, httpx.HTTPError)):
+        await client.request("GET", url)
+
+
+PROTOCOL_ERRORS = {
+    "bad status code": b"HTTP/1.1 OK 200\r\nContent-Length: 0\r\n\r\n",
+    "status line without code": b"HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    "garbage status line": b"hello there\r\n\r\n",
+    "empty status line": b"\r\n\r\n",
+    "not http/1": b"HTTP/2 200 OK\r\nContent-Length: 0\r\n\r\n",
+    "not http at all": b"SSH-2.0 200 OpenSSH\r\n\r\n",
+    "bad header line": b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nno colon here\r\n\r\n",
+    "bad content-length": b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n0123456789",
+    "empty content-length": b"HTTP/1.1 200 OK\r\nContent-Length:\r\n\r\n",
+    "bad chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+    "empty chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("wire", list(PROTOCOL_ERRORS.values()), ids=list(PROTOCOL_ERRORS))
+async def test_malformed_response_is_remote_protocol_error(
+    server: Server, client: LeanHttp, wire: bytes
+) -> None:
+    server.reply(wire)
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.request("GET", server.url("/bad"))
+        # The broken connection was closed, not pooled: the next request gets a new one.
+        await server.peers[0].client_closed.wait()
+        assert (await client.request("GET", server.url("/ok"))).body == b"fresh"
+    assert server.accepted == 2
+
+
+CUT_SHORT = {
+    "mid status line": b"HTTP/1.1 20",
+    "mid head": b"HTTP/1.1 200 OK\r\nContent-",
+    "after head line, before blank line": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n",
+    "body shorter than content-length": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+    "no body at all": b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n",
+    "mid chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc",
+    "mid chunk size line": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1",
+    "before last chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n",
+    "inside trailers": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nX-T: 1\r\n",
+}
+
+
+@pytest.mark.parametrize("wire", list(CUT_SHORT.values()), ids=list(CUT_SHORT))
+async def test_server_closing_early_on_fresh_connection_is_remote_protocol_error(
+    server: Server, client: LeanHttp, wire: bytes
+) -> None:
+    server.reply(wire, then="close")
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+        await client.request("POST", server.url("/x"), b"body")
+    assert server.accepted == 1
+    assert len(server.requests) == 1  # not retried
+
+
+@pytest.mark.parametrize(
+    "wire", [CUT_SHORT["mid head"], CUT_SHORT["body shorter than content-length"]]
+)
+async def test_server_closing_early_on_reused_connection_after_bytes_is_not_retried(
+    server: Server, client: LeanHttp, wire: bytes
+) -> None:
+    server.reply(response(b"first"))
+    server.reply(wire, then="close")
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.request("POST", server.url("/2"), b"body")
+    assert server.accepted == 1
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"",  # reset before any byte of the answer
+        b"HTTP/1.1 200 OK\r\nContent-",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+    ],
+    ids=["before answer", "mid head", "mid body"],
+)
+async def test_reset_on_fresh_connection_is_read_error(
+    server: Server, client: LeanHttp, wire: bytes
+) -> None:
+    server.reply(wire, then="reset", pause=0.005)
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.ReadError):
+        await client.request("POST", server.url("/x"), b"body")
+    assert server.accepted == 1
+    assert len(server.requests) == 1
+
+
+async def test_unbounded_response_head_is_remote_protocol_error(
+    server: Server, client: LeanHttp
+) -> None:
+    # A head that never ends: the client gives up past the limit instead of buffering.
+    server.reply(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 8192))
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError, match="too large"):
+        await client.request("GET", server.url("/big"))
+    with trio.fail_after(TIMEOUT):
+        await server.peers[0].client_closed.wait()
+
+
+async def test_huge_response_head_is_remote_protocol_error(
+    server: Server, client: LeanHttp
+) -> None:
+    big = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    server.reply(big)
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError, match="too large"):
+        await client.request("GET", server.url("/big"))
+
+
+async def test_response_head_just_over_limit_is_rejected(server: Server, client: LeanHttp) -> None:
+    wire = (
+        b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * MAX_HEADER_BYTES + b"\r\nContent-Length: 2\r\n\r\nok"
+    )
+    head_size = wire.index(b"\r\n\r\n") + 4
+    assert head_size > MAX_HEADER_BYTES + 16
+    # The first 64 KiB, a pause (the client drains them), then the rest.
+    server.reply(wire[:MAX_HEADER_BYTES], wire[MAX_HEADER_BYTES:], pause=0.005)
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+        await client.request("GET", server.url("/big"))
+
+
+async def test_response_head_under_limit_is_accepted(server: Server, client: LeanHttp) -> None:
+    pad = b"a" * (MAX_HEADER_BYTES - 200)
+    server.reply(b"HTTP/1.1 200 OK\r\nX-Pad: " + pad + b"\r\nContent-Length: 2\r\n\r\nok")
+    with trio.fail_after(TIMEOUT):
+        answer = await client.request("GET", server.url("/big"))
+    assert answer.body == b"ok"
+    assert answer.headers["x-pad"] == pad.decode()
+
+
+async def test_negative_content_length_is_remote_protocol_error(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nabc", then="close")
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+        await client.request("GET", server.url("/neg"))
+
+
+async def test_negative_chunk_size_is_remote_protocol_error(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n\r\n0\r\n\r\n", then="close"
+    )
+    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+        await client.request("GET", server.url("/neg"))
+
+
+# --------------------------------------------------------------------------------------
+# Cancellation
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["before answer", "mid head", "mid body", "mid chunked"])
+async def test_cancelled_request_closes_its_connection(
+    server: Server, client: LeanHttp, stage: str
+) -> None:
+    partial = {
+        "before answer": [],
+        "mid head": [b"HTTP/1.1 200 OK\r\nX-A: 1\r\n"],
+        "mid body": [b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc"],
+        "mid chunked": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"],
+    }[stage]
+    server.reply(response(b"warm"))  # so the long-poll runs on a reused connection
+    server.reply(*partial)  # then holds the answer: a long-poll
+    server.reply(response(b"after"))
+    cancelled = False
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/warm"))).body == b"warm"
+
+        async def long_poll(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            nonlocal cancelled
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                await client.request("GET", server.url("/job-take"))
+            cancelled = scope.cancelled_caught
+
+        async with trio.open_nursery() as nursery:
+            scope = await nursery.start(long_poll)
+            while len(server.requests) < 2:
+                server.request_arrived = trio.Event()
+                await server.request_arrived.wait()
+            await trio.sleep(0.002)  # let the partial answer reach the client
+            scope.cancel()
+        assert cancelled
+        # The server sees the client close the connection (EOF) ...
+        await server.peers[0].client_closed.wait()
+        # ... and the next request runs on a new one.
+        assert (await client.request("GET", server.url("/after"))).body == b"after"
+    assert server.accepted == 2
+    assert [r.connection for r in server.requests] == [0, 0, 1]
+    assert_no_resource_warning()
+
+
+async def test_fail_after_timeout_closes_connection(server: Server, client: LeanHttp) -> None:
+    server.reply()  # never answers
+    server.reply(response(b"after"))
+    with pytest.raises(trio.TooSlowError), trio.fail_after(0.05):
+        await client.request("GET", server.url("/slow"))
+    with trio.fail_after(TIMEOUT):
+        await server.peers[0].client_closed.wait()
+        assert (await client.request("GET", server.url("/after"))).body == b"after"
+    assert server.accepted == 2
+    assert_no_resource_warning()
+
+
+async def test_cancelled_connect_leaks_nothing(
+    client: LeanHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def never(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(trio, "open_tcp_stream", never)
+    with trio.move_on_after(0.01) as scope:
+        await client.request("GET", "http://192.0.2.1:81/x")
+    assert scope.cancelled_caught
+    assert_no_resource_warning()
+
+
+# --------------------------------------------------------------------------------------
+# aclose
+# --------------------------------------------------------------------------------------
+
+
+async def test_aclose_closes_idle_connections(server: Server) -> None:
+    gate = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:
+            if len(server.requests) >= 2:
+                gate.set()
+            await gate.wait()
+            await peer.send([response(request.target.encode())])
+
+    server.handler = handler
+    lean = LeanHttp(STATIC_HEADERS)
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lean.request, "GET", server.url("/a"))
+            nursery.start_soon(lean.request, "GET", server.url("/b"))
+        assert server.accepted == 2
+        assert not any(peer.client_closed.is_set() for peer in server.peers)
+        await lean.aclose()
+        for peer in server.peers:
+            await peer.client_closed.wait()
+    assert not any(peer.client_reset for peer in server.peers)
+    await lean.aclose()  # idempotent
+    assert_no_resource_warning()
+
+
+async def test_aclose_is_shielded_and_client_usable_afterwards(server: Server) -> None:
+    server.reply(response(b"one"))
+    server.reply(response(b"two"))
+    lean = LeanHttp({})
+    try:
+        with trio.fail_after(TIMEOUT):
+            await lean.request("GET", server.url("/1"))
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                await lean.aclose()  # closes even inside a cancelled scope
+            await server.peers[0].client_closed.wait()
+            assert (await lean.request("GET", server.url("/2"))).body == b"two"
+        assert server.accepted == 2
+    finally:
+        await lean.aclose()
+
+
+# --------------------------------------------------------------------------------------
+# HttpxHttp
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def seen() -> list[httpx.Request]:
+    return []
+
+
+def mock_backend(
+    handler: Callable[[httpx.Request], httpx.Response],
+    headers: dict[str, str] | None = None,
+) -> HttpxHttp:
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler), headers=headers)
+    return HttpxHttp(client)
+
+
+async def test_httpx_returns_status_lowercased_headers_and_raw_body(
+    seen: list[httpx.Request],
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(
+            202,
+            headers={"X-Request-Id": "abc", "Content-Type": "application/json"},
+            content=b'{"ok": true}',
+        )
+
+    backend = mock_backend(handler, {"Authorization": "Bearer k"})
+    try:
+        answer = await backend.request("POST", "http://platform.test/v2/done?x=1", b'{"a": 1}')
+    finally:
+        await backend.aclose()
+    assert answer.status == 202
+    assert answer.body == b'{"ok": true}'
+    assert answer.headers["x-request-id"] == "abc"
+    assert answer.headers["content-type"] == "application/json"
+    assert all(name == name.lower() for name in answer.headers)
+    [request] = seen
+    assert (request.method, str(request.url)) == ("POST", "http://platform.test/v2/done?x=1")
+    assert request.content == b'{"a": 1}'
+    assert request.headers["authorization"] == "Bearer k"
+
+
+async def test_httpx_empty_body_sends_no_content(seen: list[httpx.Request]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(204)
+
+    backend = mock_backend(handler)
+    try:
+        answer = await backend.request("GET", "http://platform.test/take")
+    finally:
+        await backend.aclose()
+    assert (answer.status, answer.body) == (204, b"")
+    assert seen[0].content == b""
+    assert "content-length" not in seen[0].headers
+
+
+async def test_httpx_bogus_gzip_stream_is_returned_raw() -> None:
+    raw = b"this is not gzip at all"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            headers={"Content-Encoding": "gzip", "Content-Length": str(len(raw))},
+            stream=httpx.ByteStream(raw),
+        )
+
+    backend = mock_backend(handler)
+    try:
+        answer = await backend.request("GET", "http://platform.test/x")
+    finally:
+        await backend.aclose()
+    assert answer == HttpResponse(
+        200, {"content-encoding": "gzip", "content-length": str(len(raw))}, raw
+    )
+
+
+async def test_httpx_streamed_body_in_chunks() -> None:
+    class Chunks(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            for part in (b"a", b"bc", b"", b"def"):
+                yield part
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, stream=Chunks())
+
+    backend = mock_backend(handler)
+    try:
+        answer = await backend.request("GET", "http://platform.test/x")
+    finally:
+        await backend.aclose()
+    assert (answer.status, answer.body) == (500, b"abcdef")
+
+
+async def test_httpx_transport_errors_propagate() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    backend = mock_backend(handler)
+    try:
+        with pytest.raises(httpx.ConnectError):
+            await backend.request("GET", "http://platform.test/x")
+    finally:
+        await backend.aclose()
+
+
+async def test_httpx_over_loopback_bogus_gzip_is_raw(server: Server) -> None:
+    raw = b"\x00not gzip"
+    server.reply(response(raw, headers=("Content-Encoding: gzip",)))
+    backend = HttpxHttp(httpx.AsyncClient(trust_env=False))
+    try:
+        with trio.fail_after(TIMEOUT):
+            answer = await backend.request("POST", server.url("/x?y=1"), b"body")
+    finally:
+        await backend.aclose()
+    assert (answer.status, answer.body, answer.headers["content-encoding"]) == (200, raw, "gzip")
+    [request] = server.requests
+    assert (request.method, request.target, request.body) == ("POST", "/x?y=1", b"body")
+
+
+# --------------------------------------------------------------------------------------
+# make_backend / proxy_configured
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variables in os.environ, so httpx clients built here do not pick any up."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+async def test_make_backend_defaults_to_lean() -> None:
+    backend = make_backend(STATIC_HEADERS, transport=None, environ={})
+    try:
+        assert isinstance(backend, LeanHttp)
+    finally:
+        await backend.aclose()
+
+
+async def test_make_backend_ignores_empty_proxy_variables() -> None:
+    env = {"HTTPS_PROXY": "", "http_proxy": "", "NO_PROXY": "*"}
+    backend = make_backend(STATIC_HEADERS, transport=None, environ=env)
+    try:
+        assert isinstance(backend, LeanHttp)
+    finally:
+        await backend.aclose()
+
+
+async def test_make_backend_uses_os_environ_by_default(
+    monkeypatch: pytest.MonkeyPatch, clean_proxy_env: None
+) -> None:
+    lean = make_backend({}, transport=None)
+    await lean.aclose()
+    assert isinstance(lean, LeanHttp)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
+    proxied = make_backend({}, transport=None)
+    await proxied.aclose()
+    assert isinstance(proxied, HttpxHttp)
+
+
+async def test_make_backend_with_transport_is_httpx(seen: list[httpx.Request]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b"pong")
+
+    backend = make_backend(
+        STATIC_HEADERS, transport=httpx.MockTransport(handler), environ={}, max_connections=3
+    )
+    try:
+        assert isinstance(backend, HttpxHttp)
+        answer = await backend.request("POST", "http://platform.test/ping", b"ping")
+    finally:
+        await backend.aclose()
+    assert (answer.status, answer.body) == (200, b"pong")
+    [request] = seen
+    assert request.content == b"ping"
+    assert request.headers["authorization"] == "Bearer secret-key"
+    assert request.headers["user-agent"] == "trio-worker-test/1"
+
+
+@pytest.mark.parametrize(
+    "name", ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+)
+async def test_make_backend_with_proxy_variable_is_httpx(name: str, clean_proxy_env: None) -> None:
+    env = {name: "http://proxy.test:3128"}
+    assert proxy_configured(env)
+    backend = make_backend(STATIC_HEADERS, transport=None, environ=env)
+    try:
+        assert isinstance(backend, HttpxHttp)
+    finally:
+        await backend.aclose()
+
+
+def test_proxy_configured() -> None:
+    assert not proxy_configured({})
+    assert not proxy_configured({"NO_PROXY": "*", "no_proxy": "*", "FTP_PROXY": "x"})
+    assert not proxy_configured({"HTTPS_PROXY": ""})
+    assert proxy_configured({"HTTPS_PROXY": "", "https_proxy": "http://p:1"})
