@@ -122,7 +122,7 @@ class LeanHttp:
         self._static = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._ssl: ssl.SSLContext | None = None
-        self._prefixes: dict[tuple[str, str], tuple[_Origin, bytes]] = {}
+        self._origins: dict[str, _Origin] = {}
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}
@@ -131,11 +131,10 @@ class LeanHttp:
                 for connection in connections:
                     await trio.aclose_forcefully(connection.stream)
 
-    def _prefix(self, method: str, url: str) -> tuple[_Origin, bytes]:
-        key = (method, url)
-        cached = self._prefixes.get(key)
-        if cached is not None:
-            return cached
+    def _origin(self, scheme_netloc: str, url: str) -> _Origin:
+        origin = self._origins.get(scheme_netloc)
+        if origin is not None:
+            return origin
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise httpx.UnsupportedProtocol(f"cannot request {url!r}")
@@ -144,14 +143,27 @@ class LeanHttp:
         except ValueError as exc:
             raise httpx.UnsupportedProtocol(f"cannot request {url!r}: {exc}") from None
         origin = _Origin(parts.scheme, parts.hostname, port)
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
+        if len(self._origins) < 64:
+            self._origins[scheme_netloc] = origin
+        return origin
+
+    def _prefix(self, method: str, url: str) -> tuple[_Origin, bytes]:
+        # Every job has its own done URL, so the split is done by hand on the hot path
+        # and only the origin (scheme, host, port) is parsed properly, once.
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            raise httpx.UnsupportedProtocol(f"cannot request {url!r}")
+        netloc, slash, target = rest.partition("/")
+        for stop in "?#":
+            if stop in netloc:  # http://host?query: no path at all
+                netloc, _, tail = netloc.partition(stop)
+                target, slash = stop + tail + slash + target, ""
+        origin = self._origin(f"{scheme}://{netloc}", url)
+        target = (slash + target).partition("#")[0]
+        if not target.startswith("/"):
+            target = "/" + target
         head = f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n{self._static}"
-        prefix = (origin, head.encode("latin-1"))
-        if len(self._prefixes) < 256:  # the worker's URLs are few; job URLs are not cached
-            self._prefixes[key] = prefix
-        return prefix
+        return origin, head.encode("latin-1")
 
     async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse:
         origin, head = self._prefix(method, url)
