@@ -1,0 +1,254 @@
+"""Benchmark trio_worker (and, on request, the reference SDK) against the fake platform.
+
+    python benchmarks/run.py [--quick] [--with-reference] [--jobs N]
+
+Starts the fake platform as its own process on loopback, runs worker processes of each SDK
+against preloaded queues, prints a Markdown table to stdout (progress goes to stderr) and
+writes ``benchmarks/results/latest.md`` and ``latest.json``; a full run also puts the table
+into ``docs/benchmarks.md`` and draws ``docs/benchmarks.png``. ``--quick`` (about 10-30 s)
+writes to ``benchmarks/results/quick/`` instead. See docs/benchmarks.md for what each figure
+means and how it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import _figures, _report, _sdks
+from benchmarks._platform import PlatformProcess
+from benchmarks._procs import LoadMonitor
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/run.py", description=__doc__.split("\n", 1)[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes (about 30 s)")
+    parser.add_argument(
+        "--with-reference",
+        action="store_true",
+        help="also run the reference SDK (runpod, installed into benchmarks/.venv-reference)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="trio_worker jobs per throughput run"
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="where latest.md, latest.json (and the chart) go; default benchmarks/results, "
+        "whose results also go into docs/benchmarks.md and docs/benchmarks.png; "
+        "benchmarks/results/quick with --quick",
+    )
+    parser.add_argument("--chart", type=Path, default=None, help="chart path (see --output-dir)")
+    parser.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for the machine to be under 10%% busy before starting",
+    )
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep the worker logs (their folder is printed)"
+    )
+    args = parser.parse_args(argv)
+    args.publish = args.output_dir is None and not args.quick
+    if args.output_dir is None:
+        args.output_dir = RESULTS / "quick" if args.quick else RESULTS
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    return args
+
+
+def _attempt(name: str, results: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
+    """Run one figure; a failure is recorded and reported, and the run goes on."""
+    started = time.monotonic()
+    try:
+        results[key] = fn()
+    except Exception as exc:
+        results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        say(f"  {name}: FAILED: {type(exc).__name__}: {exc}")
+        return
+    say(f"  {name}: done in {time.monotonic() - started:.1f} s")
+
+
+def run_sdk(bench: _figures.Bench, sdk: _sdks.Sdk) -> dict[str, Any]:
+    say(f"{sdk.label} {sdk.version}:")
+    bench.warm_up(sdk)
+    results: dict[str, Any] = {"version": sdk.version}
+    throughput: dict[str, Any] = {}
+    for concurrency in bench.settings.concurrencies:
+        _attempt(
+            f"throughput c={concurrency}",
+            throughput,
+            str(concurrency),
+            partial(_figures.throughput, bench, sdk, concurrency),
+        )
+    results["throughput"] = throughput
+    _attempt("start-up, idle memory", results, "startup", lambda: _figures.startup(bench, sdk))
+    _attempt("stop signal", results, "stop", lambda: _figures.stop_signal(bench, sdk))
+    _attempt("streaming", results, "stream", lambda: _figures.streaming(bench, sdk))
+    if sdk.key == "trio_worker":
+        _attempt("init failure", results, "init_failure", lambda: _figures.init_failure(bench, sdk))
+    results["import_ms"] = _import_ms(bench, sdk)
+    return results
+
+
+def _import_ms(bench: _figures.Bench, sdk: _sdks.Sdk) -> float | None:
+    module = "runpod" if sdk.key == "reference" else "trio_worker"
+    samples = [
+        ms
+        for _ in range(bench.settings.import_repeats)
+        if (ms := _sdks.python_import_ms(sdk.python, module, bench.env())) is not None
+    ]
+    return _figures.median(samples)
+
+
+def _chart_python() -> str | None:
+    """An interpreter with matplotlib: this one, the tools venv or the reference venv."""
+    candidates = [
+        Path(sys.executable),
+        _sdks.venv_python(_sdks.TOOLS_VENV),
+        _sdks.venv_python(_sdks.REFERENCE_VENV),
+    ]
+    for python in candidates:
+        if python.exists():
+            probe = subprocess.run(
+                [str(python), "-c", "import matplotlib"], capture_output=True, check=False
+            )
+            if probe.returncode == 0:
+                return str(python)
+    return None
+
+
+def draw_chart(results_json: Path, out: Path, *, may_install: bool) -> None:
+    python = _chart_python()
+    if python is None and may_install:
+        installed = _sdks.ensure_venv(_sdks.TOOLS_VENV, ["matplotlib"], say, module="matplotlib")
+        python = str(installed) if installed is not None else None
+    # Without matplotlib, chart.py writes an SVG instead.
+    chart = subprocess.run(
+        [python or sys.executable, str(HERE / "chart.py"), str(results_json), str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if chart.returncode != 0:
+        say(f"chart failed:\n{chart.stderr[-2000:]}")
+    else:
+        say(chart.stdout.strip())
+
+
+DOCS = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- latest-results:begin -->", "<!-- latest-results:end -->"
+
+
+def update_docs(table: str, docs: Path = DOCS) -> bool:
+    """Put *table* between the markers of docs/benchmarks.md; False if there are none."""
+    try:
+        text = docs.read_text()
+    except FileNotFoundError:
+        return False
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        return False
+    docs.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    settings = _figures.Settings.for_run(args.quick, args.jobs)
+    reference: _sdks.Sdk | None = None
+    if args.with_reference:
+        reference = _sdks.reference_sdk(say)
+        if reference is None:
+            say("the reference SDK is not available: running trio_worker only")
+    sdks = [_sdks.trio_worker_sdk()] + ([reference] if reference is not None else [])
+    busy_before = _report.wait_quiet(args.wait_quiet, say)
+    started = time.monotonic()  # the run proper: not the install, not the wait
+    monitor = LoadMonitor()
+    monitor.start()
+    workdir = Path(tempfile.mkdtemp(prefix="trio-worker-bench-"))
+    results: dict[str, Any] = {}
+    failed = False
+    try:
+        with PlatformProcess(workdir) as platform:
+            bench = _figures.Bench(platform, workdir, settings, say)
+            for sdk in sdks:
+                sdk_started = time.monotonic()
+                results[sdk.key] = run_sdk(bench, sdk)
+                # A sample covers the interval before it was taken.
+                end = time.monotonic() + monitor.interval
+                load = monitor.summary(sdk_started + monitor.interval, end)
+                results[sdk.key]["others_load"] = load
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        if failed or args.keep_logs:
+            say(f"worker and platform logs: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    machine = _report.machine_info(reference)
+    machine["busy_before_pct"] = busy_before
+    machine["others_during_run"] = monitor.stop()
+    settings_dict = {
+        "quick": settings.quick,
+        "jobs": settings.jobs,
+        "reference_seconds": settings.reference_seconds,
+        "start_repeats": settings.start_repeats,
+        "stop_jobs": settings.stop_jobs,
+        "init_repeats": settings.init_repeats,
+        "stream_chunks": settings.stream_chunks,
+        "with_reference": args.with_reference,
+        "wall_seconds": round(time.monotonic() - started, 1),
+    }
+    rows = _report.build_rows(results)
+    table = _report.markdown(rows, machine, settings_dict, results)
+    print(table)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / "latest.md").write_text(table)
+    results_json = args.output_dir / "latest.json"
+    payload = {"machine": machine, "settings": settings_dict, "rows": rows, "results": results}
+    results_json.write_text(json.dumps(payload, indent=2) + "\n")
+    say(f"wrote {args.output_dir / 'latest.md'} and {results_json}")
+    # Only a full run with the default output publishes into docs/.
+    if args.publish and update_docs(table):
+        say(f"updated the table in {DOCS.relative_to(REPO)}")
+    if not args.no_chart:
+        chart = args.chart or (
+            REPO / "docs" / "benchmarks.png" if args.publish else args.output_dir / "benchmarks.png"
+        )
+        draw_chart(results_json, chart, may_install=not args.quick)
+    say(f"total {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
