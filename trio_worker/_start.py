@@ -128,7 +128,7 @@ def start(
             capture = OutputCapture.install(redactor=settings.redactor)
             install_python_stream_attribution()
         _worker.on_second_interrupt = lambda: exit_process(130, capture)
-        log.info("worker %s starting", settings.platform.worker_id)
+        log.info("worker starting: %s", _worker.describe_settings(settings))
         trio.run(
             lambda: _worker.serve(
                 **kwargs,
