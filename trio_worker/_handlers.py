@@ -16,7 +16,7 @@ import enum
 import functools
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import trio
@@ -71,6 +71,17 @@ def check_cancelled() -> None:
     except RuntimeError:
         # Not in a thread started by trio: nothing can be cancelled here.
         return
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """True for ``trio.Cancelled``, and for a group holding nothing but ``Cancelled``
+    (what a nursery inside a cancelled scope raises)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return False
 
 
 class ThreadWaits:
@@ -158,10 +169,10 @@ class Stream:
         self._limiter = limiter
         self._waits = waits
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncGenerator[Any, None]:
         return self._chunks()
 
-    async def _chunks(self) -> AsyncIterator[Any]:
+    async def _chunks(self) -> AsyncGenerator[Any, None]:
         source = self._source
         if isinstance(source, AsyncIterator):
             try:

@@ -8,6 +8,7 @@ mid-stream all become a clear error on the job (DESIGN §5).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from ._handlers import (
     ThreadWaits,
     call_handler,
     explain_backend,
+    is_cancellation,
 )
 from ._results import (
     ResultEncodingError,
@@ -107,9 +109,9 @@ class JobRunner:
                 )
                 if isinstance(result, Stream):
                     return await self._stream(job, result, output, mark)
-            except trio.Cancelled:
-                raise
             except BaseException as exc:
+                if is_cancellation(exc):
+                    raise
                 return self._handler_error(exc, output, mark)
         return self._result(result)
 
@@ -183,9 +185,12 @@ class JobRunner:
         send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._post_chunks, job.id, receive)
-            async with send:
+            # aclosing: a stream left early (error chunk, non-JSON chunk) runs the user's
+            # cleanup now, not whenever the generator is garbage collected.
+            chunks = aiter(stream)
+            async with send, contextlib.aclosing(chunks):
                 try:
-                    async for chunk in stream:
+                    async for chunk in chunks:
                         if isinstance(chunk, dict) and chunk.get("error"):
                             # The reference's rule: an error chunk ends the stream, unstreamed.
                             final = {"error": self._error_chunk_text(chunk["error"])}
@@ -198,9 +203,9 @@ class JobRunner:
                         await send.send(encoded)
                         if aggregate is not None:
                             aggregate.append(chunk)
-                except trio.Cancelled:
-                    raise
                 except BaseException as exc:
+                    if is_cancellation(exc):
+                        raise
                     logs = self._logs(output, mark)
                     final = generator_error_body(
                         explain_backend(exc), logs=logs, redactor=self.settings.redactor

@@ -500,6 +500,8 @@ class _PlatformCore:
         now = trio.current_time()
         delivered: dict[str, str | None] = {}
         for job_id in job_ids:
+            if job_id not in self._stops:
+                continue  # the job finished while the answer was being prepared
             delivered[job_id] = self._stops.pop(job_id)
             job = self._jobs.get(job_id)
             if job is not None:

@@ -35,6 +35,7 @@ import httpx
 import trio
 
 from ._exceptions import InitializationError, PlatformError, RateLimited
+from ._handlers import is_cancellation
 from ._initializer import InitFailure, Initializer, init_failure_report, run_initializer
 from ._lifecycle import JobEvent, JobState, Ledger, TransitionHook
 from ._platform import backoff_delay
@@ -356,13 +357,15 @@ class Supervisor:
         report: Report | None = None
         try:
             with control.scope:
+                if control.stop_requested:
+                    await trio.lowlevel.checkpoint()  # the scope is cancelled: lands here
                 if control.malformed is not None:
                     report = self.runner.malformed_report(job.id, control.malformed)
                     self.ledger.fire(job, JobEvent.FAIL)
                 else:
                     report = await self._gate_then_run(job)
         except trio.Cancelled:
-            if self.failure is not None and job.state in _WAITING:
+            if self.failure is not None and job.state in _WAITING and not control.stop_requested:
                 self.ledger.fire(job, JobEvent.FAIL)
                 assert self._init_failed_body is not None
                 await self._deliver(job, self._init_failed_body, is_stream=False)
@@ -382,7 +385,9 @@ class Supervisor:
         self.ledger.fire(job, JobEvent.START)
         try:
             report = await self.runner.run(job)
-        except trio.Cancelled:
+        except BaseException as exc:
+            if not is_cancellation(exc):
+                raise
             grace_over = self.shutting_down and trio.current_time() >= self._shutdown_deadline
             if self._controls[job.id].stop_requested or not grace_over:
                 raise
@@ -430,6 +435,12 @@ class Supervisor:
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 for job in jobs:
+                    control = self._controls.get(job.id)
+                    if control is not None and control.stop_requested:
+                        # The platform already stopped it: nothing is reported (§9).
+                        self.ledger.fire(job, JobEvent.STOP)
+                        self._controls.pop(job.id, None)
+                        continue
                     self.ledger.fire(job, JobEvent.FAIL)
                     nursery.start_soon(partial(self._deliver, job, body, is_stream=False))
 
