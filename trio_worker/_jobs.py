@@ -41,6 +41,7 @@ from ._results import (
     result_body,
     stream_final_body,
 )
+from ._version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -92,11 +93,7 @@ class JobRunner:
         self.capture = capture
         self.limiter = limiter
         self.shared_process = shared_process
-        self.identity = WorkerIdentity(
-            worker_id=settings.platform.worker_id,
-            hostname=settings.platform.hostname,
-            sdk_version=client_version(),
-        )
+        self.identity = worker_identity(settings)
 
     async def run(self, job: HeldJob) -> Report:
         """Run the handler on *job*; trio.Cancelled (a stop, shutdown) propagates."""
@@ -248,7 +245,7 @@ class MalformedJob(ValueError):
     """The platform delivered a job the handler cannot be given (e.g. no ``input``)."""
 
 
-def client_version() -> str:
-    from ._version import __version__
-
-    return __version__
+def worker_identity(settings: Settings) -> WorkerIdentity:
+    """Who is reporting: the identity every error payload carries."""
+    platform = settings.platform
+    return WorkerIdentity(platform.worker_id, platform.hostname, __version__)

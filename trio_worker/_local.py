@@ -21,7 +21,6 @@ from ._capture import OutputCapture, install_python_stream_attribution, job_outp
 from ._categories import classify
 from ._config import CaptureMode, LocalArgs, Settings, Timings
 from ._errors import (
-    WorkerIdentity,
     encode_body,
     generator_error_body,
     handler_error_body,
@@ -29,8 +28,8 @@ from ._errors import (
 from ._exceptions import InitializationError
 from ._handlers import Stream, ThreadWaits, call_handler, explain_backend, handler_kind
 from ._initializer import init_failure_report, run_initializer, validate_init_timeout
+from ._jobs import worker_identity
 from ._results import ResultEncodingError, encode_result, result_body, stream_final_body
-from ._version import __version__
 
 if TYPE_CHECKING:
     from ._initializer import InitFailure
@@ -44,12 +43,8 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
-def _identity(settings: Settings) -> WorkerIdentity:
-    return WorkerIdentity(settings.platform.worker_id, settings.platform.hostname, __version__)
-
-
 def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
-    return init_failure_report(failure, _identity(settings), settings.redactor).decode()
+    return init_failure_report(failure, worker_identity(settings), settings.redactor).decode()
 
 
 async def run_test_input(
@@ -102,7 +97,7 @@ async def _run_once(
                 exc,
                 logs=logs,
                 category=classify(exc, logs),
-                identity=_identity(settings),
+                identity=worker_identity(settings),
                 redactor=settings.redactor,
             )
             _print(encode_body(body).decode())

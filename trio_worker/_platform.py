@@ -159,26 +159,21 @@ class PlatformClient:
         for attempt in range(attempts):
             delay = backoff_delay(attempt, self.timings.error_backoff_min, 2.0)
             try:
-                status, retry_after = await self._post(url, body)
+                response = await self._reports.request("POST", url, body)
             except httpx.HTTPError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
+                status = response.status
                 if 200 <= status < 300:
                     return ReportOutcome(True, attempt + 1)
                 last_error = f"HTTP {status}"
                 if not _retryable(status):
                     return ReportOutcome(False, attempt + 1, last_error)
-                if status == 429 and retry_after is not None:
-                    delay = retry_after
+                if status == 429:
+                    delay = _retry_after(response, delay)
             if attempt + 1 < attempts:
                 log.warning(
                     "report for job %s failed (%s); retrying in %.2fs", job_id, last_error, delay
                 )
                 await trio.sleep(delay)
         return ReportOutcome(False, attempts, last_error)
-
-    async def _post(self, url: str, body: bytes) -> tuple[int, float | None]:
-        """POST *body*; the status and any Retry-After (only the status matters)."""
-        response = await self._reports.request("POST", url, body)
-        retry_after = _retry_after(response, -1.0)
-        return response.status, None if retry_after < 0 else retry_after
