@@ -187,13 +187,14 @@ def throughput(bench: Bench, sdk: Sdk, concurrency: int) -> Result:
         worker_cpu_start = tree_cpu_seconds(worker.pid) or 0.0
         end = time.monotonic() + cap
         while True:
+            # Sampled before the finish check: a short run may be done at the first look.
+            rss = tree_rss(worker.pid)
+            if rss is not None and (peak is None or rss.total_mib > peak.total_mib):
+                peak = rss
             finished = bench.platform.progress()["finished"]
             if finished >= jobs or time.monotonic() >= end:
                 break
             worker.check_alive()
-            rss = tree_rss(worker.pid)
-            if rss is not None and (peak is None or rss.total_mib > peak.total_mib):
-                peak = rss
             time.sleep(0.2)
         worker_cpu = (tree_cpu_seconds(worker.pid) or 0.0) - worker_cpu_start
         platform_cpu = bench.platform.cpu_seconds() - platform_cpu_start
