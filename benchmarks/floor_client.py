@@ -9,7 +9,8 @@ no-op jobs and prints one JSON line: jobs, seconds, jobs/s and this process's CP
 * ``httpx``: a bare trio + httpx loop (``GET`` job-take, ``POST`` job-done, prebuilt URLs,
   one shared ``AsyncClient``), *LOOPS* of them concurrently: what httpx costs per job with
   no worker logic at all (TRIO_NOTES B6).
-* ``lean``: the same loop on trio_worker's own HTTP client (``trio_worker._http.LeanHttp``,
+* ``lean``: the same loop on trio_worker's own HTTP client
+  (``trio_worker._platform._http.LeanHttp``,
   a private API: this mode is for the benchmark only). This is trio_worker's floor: the
   worker minus everything but its HTTP.
 """
@@ -106,7 +107,7 @@ async def run_httpx(base_url: str, jobs: int, loops: int) -> int:
 
 
 async def run_lean(base_url: str, jobs: int, loops: int) -> int:
-    from trio_worker._http import LeanHttp
+    from trio_worker._platform._http import LeanHttp
 
     client = LeanHttp({"Authorization": AUTH})
     take_url = base_url + TAKE

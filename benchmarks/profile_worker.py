@@ -98,7 +98,7 @@ def _task_frames(frames: list[tuple[str, str]]) -> list[tuple[str, str]] | None:
 
 def _is_http(package: str, name: str) -> bool:
     """A frame of an HTTP client: httpx and its stack, or trio_worker's own lean client."""
-    return package in HTTP_PACKAGES or name.startswith("trio_worker/_http.py:")
+    return package in HTTP_PACKAGES or name.startswith("trio_worker/_platform/_http.py:")
 
 
 def _layer(task: list[tuple[str, str]] | None) -> str:
@@ -111,7 +111,7 @@ def _layer(task: list[tuple[str, str]] | None) -> str:
         caller = next(
             (name for pkg, name in reversed(task[:http]) if pkg == "trio_worker"), "other"
         )
-        client = "lean client (trio_worker/_http.py)"
+        client = "lean client (trio_worker/_platform/_http.py)"
         if any(pkg in HTTP_PACKAGES for pkg, _ in task[http:]):
             client = "httpx/httpcore/h11"
         return f"HTTP {client}, called from {caller.split(':')[-1]}"

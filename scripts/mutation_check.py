@@ -97,7 +97,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "_platform.py post_report: after a 2xx answer the report is posted once more",
         (
             Patch(
-                "trio_worker/_platform.py",
+                "trio_worker/_platform/_client.py",
                 "                if 200 <= status < 300:\n"
                 "                    return ReportOutcome(True, attempt + 1)",
                 "                if 200 <= status < 300:\n"
@@ -170,7 +170,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "_platform.py post_report: one attempt only, whatever report_attempts says",
         (
             Patch(
-                "trio_worker/_platform.py",
+                "trio_worker/_platform/_client.py",
                 "attempts = self.timings.report_attempts",
                 "attempts = 1",
             ),

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trio_worker._capture import (
-    READER_THREAD_NAME,
     OutputCapture,
     install_python_stream_attribution,
     job_output,
     logs_for_job,
 )
-from trio_worker._redact import Redactor
+from trio_worker._capture._fd import READER_THREAD_NAME
+from trio_worker._capture._redact import Redactor
 
 if TYPE_CHECKING:
     from collections.abc import Callable

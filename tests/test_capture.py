@@ -1,4 +1,4 @@
-"""Tests for trio_worker._capture (DESIGN §8).
+"""Tests for trio_worker._capture._fd (DESIGN §8).
 
 fd-level behaviour is tested in child processes (tests/capture_child.py), because pytest
 has already redirected fds 1/2 of this process. Per-job attribution and the pure helpers
@@ -24,8 +24,7 @@ from trio_worker._capture import (
     job_output,
     logs_for_job,
 )
-from trio_worker._capture_jobs import EDGE_CONTEXT, redact_from
-from trio_worker._redact import Redactor
+from trio_worker._capture._redact import EDGE_CONTEXT, Redactor, redact_from
 
 if TYPE_CHECKING:
     import pytest

@@ -12,6 +12,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trio_worker._capture._redact import REDACTED, Redactor
 from trio_worker._errors import (
     MAX_ERROR_BODY_BYTES,
     MAX_FIELD_CHARS,
@@ -25,7 +26,6 @@ from trio_worker._errors import (
     init_failed_body,
     shutdown_error_body,
 )
-from trio_worker._redact import REDACTED, Redactor
 
 IDENTITY = WorkerIdentity(worker_id="w-123", hostname="gpu-host-7", sdk_version="0.1.0")
 NO_SECRETS = Redactor([])

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
     from trio.testing import MockClock
 
-    from trio_worker._http_server import Receive, Scope, Send
     from trio_worker.testing import JobRecord
+    from trio_worker.testing._http_server import Receive, Scope, Send
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -19,8 +19,8 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._heartbeat import HeartbeatThread, heartbeat_task, ping_params
-from trio_worker._http import HttpxHttp
+from trio_worker._platform._heartbeat import HeartbeatThread, heartbeat_task, ping_params
+from trio_worker._platform._http import HttpxHttp
 from trio_worker._version import __version__
 
 KEY = "rpa_ping_key"

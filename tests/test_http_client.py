@@ -23,8 +23,8 @@ import httpx
 import pytest
 import trio
 
-import trio_worker._http as http_module
-from trio_worker._http import (
+import trio_worker._platform._http as http_module
+from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
     HttpResponse,
     HttpxHttp,

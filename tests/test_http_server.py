@@ -14,12 +14,12 @@ import httpx
 import pytest
 import trio
 
-from trio_worker._http_server import AbortConnection, run_server_in_thread, serve_asgi
+from trio_worker.testing._http_server import AbortConnection, run_server_in_thread, serve_asgi
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
 
-    from trio_worker._http_server import Message, Receive, Scope, Send
+    from trio_worker.testing._http_server import Message, Receive, Scope, Send
 
     App = Callable[[Scope, Receive, Send], Awaitable[None]]
 

@@ -17,7 +17,7 @@ import trio.testing
 
 from trio_worker._config import Timings, platform_from_env
 from trio_worker._exceptions import PlatformError, RateLimited
-from trio_worker._platform import (
+from trio_worker._platform._client import (
     REPORT_CONTENT_TYPE,
     USER_AGENT,
     PlatformClient,

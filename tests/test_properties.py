@@ -319,7 +319,7 @@ def check_seeds(scenario: Scenario) -> None:
     ],
 )
 def test_cancelled_stream_is_stopped_or_worker_shutdown(scenario: Scenario) -> None:
-    """Was a bug (trio_worker/_jobs.py JobRunner.run / _stream): the stream's nursery wraps
+    """Was a bug (trio_worker/_runner.py JobRunner.run / _stream): the stream's nursery wraps
     trio.Cancelled in a BaseExceptionGroup, which ``except trio.Cancelled: raise`` missed,
     so ``except BaseException`` reported a stopped streaming job (error_type
     BaseExceptionGroup) instead of settling it STOPPED, and reported one cut by the
@@ -342,7 +342,7 @@ def test_stop_before_init_failure_is_not_reported() -> None:
 
 
 def test_fake_platform_stop_racing_the_job_end() -> None:
-    """Was a bug in the fake platform (trio_worker/_platform_app.py FakePlatform._stop,
+    """Was a bug in the fake platform (trio_worker/testing/_app.py FakePlatform._stop,
     _platform_core.py _mark_stops_delivered): the stop long-poll took its ids from hold(),
     whose nursery exit is a checkpoint; j0 finishing right then dropped its pending stop,
     and ``self._stops.pop(job_id)`` raised KeyError, which through ASGITransport crashed
@@ -363,7 +363,7 @@ def test_fake_platform_stop_racing_the_job_end() -> None:
 
 @pytest.mark.parametrize("outcome", ["stream_error_chunk", "stream_nonjson"])
 def test_stream_left_early_is_closed(outcome: JobOutcome) -> None:
-    """Was a bug (trio_worker/_jobs.py JobRunner._stream): a stream ending on an error chunk
+    """Was a bug (trio_worker/_runner.py JobRunner._stream): a stream ending on an error chunk
     or a non-JSON chunk was left with ``break`` and never closed; the user's generator
     cleanup ran only when garbage collected, and trio warned "Async generator ... was
     garbage collected before it had been exhausted"."""

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from trio_worker._capture._redact import REDACTED, Redactor
 from trio_worker._errors import MAX_ERROR_BODY_BYTES, WorkerIdentity, encode_body
-from trio_worker._redact import REDACTED, Redactor
 from trio_worker._results import (
     MAX_RESULT_BYTES,
     ResultEncodingError,

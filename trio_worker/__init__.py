@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._config import Timings as Timings
 from ._exceptions import ConfigurationError as ConfigurationError
+from ._exceptions import InitFailure as InitFailure
 from ._exceptions import InitializationError as InitializationError
 from ._exceptions import InitTimeout as InitTimeout
 from ._exceptions import PlatformError as PlatformError
@@ -16,7 +17,6 @@ from ._exceptions import RateLimited as RateLimited
 from ._exceptions import TrioWorkerError as TrioWorkerError
 from ._exceptions import WorkerInternalError as WorkerInternalError
 from ._handlers import check_cancelled as check_cancelled
-from ._initializer import InitFailure as InitFailure
 from ._start import start as start
 from ._version import __version__ as __version__
 from ._worker import WorkerHandle as WorkerHandle

@@ -29,8 +29,8 @@ import socket
 import uuid
 from typing import TYPE_CHECKING, Literal
 
+from ._capture import Redactor
 from ._exceptions import ConfigurationError
-from ._redact import Redactor
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._redact import Redactor
+    from ._capture import Redactor
 
 __all__ = [
     "MAX_ERROR_BODY_BYTES",

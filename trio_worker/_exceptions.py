@@ -9,6 +9,8 @@
      │    └── RateLimited           429; .retry_after
      └── WorkerInternalError        a bug in trio_worker itself, chained from the cause
 
+    InitFailure                     the record of an init failure (a value, not raised):
+                                    what every held job is failed with
     InitTimeout                     the SDK's own init deadline fired; recorded as the error
                                     type of an init failure, never raised into user code
 
@@ -18,10 +20,21 @@ Cancellation is never subclassed or raised by this package (trio owns ``Cancelle
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from ._initializer import InitFailure
+
+@dataclass(frozen=True)
+class InitFailure:
+    """Why the initializer failed: what every held job is failed with."""
+
+    error_type: str
+    message: str
+    traceback: str
+    category: str
+    logs: str
+    elapsed: float
+    init_timeout: float | None
+    failed_at: float  # trio.current_time() of the failure
 
 
 class TrioWorkerError(Exception):

@@ -15,35 +15,20 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._categories import classify
 from ._errors import encode_body, format_traceback, init_failed_body, safe_str
-from ._exceptions import InitTimeout
+from ._exceptions import InitFailure, InitTimeout
 from ._handlers import _unwrap
 
 if TYPE_CHECKING:
+    from ._capture import Redactor
     from ._errors import WorkerIdentity
-    from ._redact import Redactor
 
 Initializer = Callable[[], Any]
-
-
-@dataclass(frozen=True)
-class InitFailure:
-    """Why the initializer failed: what every held job is failed with."""
-
-    error_type: str
-    message: str
-    traceback: str
-    category: str
-    logs: str
-    elapsed: float
-    init_timeout: float | None
-    failed_at: float  # trio.current_time() of the failure
 
 
 def init_failure_report(

@@ -28,11 +28,11 @@ from ._errors import (
 from ._exceptions import InitializationError
 from ._handlers import Stream, ThreadWaits, call_handler, explain_backend, handler_kind
 from ._initializer import init_failure_report, run_initializer, validate_init_timeout
-from ._jobs import worker_identity
 from ._results import ResultEncodingError, encode_result, result_body, stream_final_body
+from ._runner import worker_identity
 
 if TYPE_CHECKING:
-    from ._initializer import InitFailure
+    from ._exceptions import InitFailure
 
 log = logging.getLogger("trio_worker")
 LOCAL_JOB_ID = "local_test"
@@ -155,9 +155,9 @@ def run_dev_server(
 async def _dev_server(
     kwargs: dict[str, Any], args: LocalArgs, timings: Timings | None, capture_logs: CaptureMode
 ) -> int:
-    from ._http_server import serve_asgi
-    from ._platform_app import FakePlatform
     from ._worker import serve
+    from .testing._app import FakePlatform
+    from .testing._http_server import serve_asgi
 
     platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
     async with trio.open_nursery() as nursery:

@@ -32,8 +32,8 @@ from ._errors import json_error_body
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from ._capture import Redactor
     from ._errors import WorkerIdentity
-    from ._redact import Redactor
 
 __all__ = [
     "MAX_RESULT_BYTES",

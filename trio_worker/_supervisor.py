@@ -34,20 +34,20 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from ._exceptions import InitializationError, PlatformError, RateLimited
+from ._exceptions import InitFailure, InitializationError, PlatformError, RateLimited
 from ._handlers import is_cancellation
-from ._initializer import InitFailure, Initializer, init_failure_report, run_initializer
+from ._initializer import Initializer, init_failure_report, run_initializer
 from ._lifecycle import JobEvent, JobState, Ledger, TransitionHook
-from ._platform import backoff_delay
+from ._platform._client import backoff_delay
 
 if TYPE_CHECKING:
     from ._capture import OutputCapture
     from ._config import Settings
     from ._handlers import ThreadWaits
-    from ._jobs import JobRunner, Report
     from ._lifecycle import HeldJob
-    from ._platform import PlatformClient
-    from ._wire import TakeResponse
+    from ._platform._client import PlatformClient
+    from ._platform._wire import TakeResponse
+    from ._runner import JobRunner, Report
 
 log = logging.getLogger("trio_worker")
 

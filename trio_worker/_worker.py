@@ -19,11 +19,11 @@ from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits, handler_kind
-from ._heartbeat import HeartbeatThread, heartbeat_task
 from ._initializer import Initializer, validate_init_timeout
-from ._jobs import JobRunner, JobSpec
-from ._platform import PlatformClient
+from ._platform._client import PlatformClient
+from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
+from ._runner import JobRunner, JobSpec
 from ._supervisor import Concurrency, Supervisor
 
 if TYPE_CHECKING:

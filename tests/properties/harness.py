@@ -54,8 +54,8 @@ import trio.testing
 
 import trio_worker
 from trio_worker._capture import OutputCapture
+from trio_worker._capture._redact import Redactor
 from trio_worker._lifecycle import TRANSITIONS, JobEvent, JobState
-from trio_worker._redact import Redactor
 from trio_worker.testing import FakePlatform
 
 from .strategies import PLAIN, TIMEOUT_LOOKALIKES, JobPlan, NetStep, Scenario, net_steps

@@ -17,9 +17,9 @@ it in-process through ``httpx.ASGITransport`` (virtual time under
 
 from __future__ import annotations
 
-from .._http_server import ServerThread, run_server_in_thread, serve_asgi
-from .._platform_app import FakePlatform
-from .._platform_records import (
+from ._app import FakePlatform
+from ._http_server import ServerThread, run_server_in_thread, serve_asgi
+from ._records import (
     TERMINAL_STATUSES,
     Fault,
     JobRecord,
@@ -28,8 +28,8 @@ from .._platform_records import (
     RecordedRequest,
     RequeueRecord,
 )
-from .._platform_routes import ConnectionDropped
-from .._platform_server import run_platform_server
+from ._routes import ConnectionDropped
+from ._server import run_platform_server
 
 __all__ = [
     "TERMINAL_STATUSES",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .._platform_server import main
+from ._server import main
 
 if __name__ == "__main__":
     sys.exit(main())

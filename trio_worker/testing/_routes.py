@@ -1,6 +1,6 @@
 """HTTP plumbing of the fake platform, and its endpoint (client) API routes.
 
-The worker routes live on :class:`~trio_worker._platform_app.FakePlatform` itself; what is
+The worker routes live on :class:`~trio_worker.testing._app.FakePlatform` itself; what is
 here is shared by both: the request/response objects, the long-poll helper :func:`hold`,
 fault answers, body parsing, and the endpoint API (``/run``, ``/runsync``, ``/status``,
 ``/stream``, ``/cancel``, ``/health``, ``/purge-queue``) plus ``/_stats`` and ``/_env``.
@@ -18,14 +18,14 @@ import httpx
 import trio
 
 from ._http_server import AbortConnection
-from ._platform_core import encode_json
+from ._state import encode_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._app import FakePlatform
     from ._http_server import Message, Receive, Send
-    from ._platform_app import FakePlatform
-    from ._platform_records import Fault, JobRecord, RecordedRequest
+    from ._records import Fault, JobRecord, RecordedRequest
 
 _T = TypeVar("_T")
 

@@ -49,27 +49,12 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._capture_jobs import (
-    EDGE_CONTEXT,
-    SHARED_OUTPUT_HEADER,
-    JobOutput,
-    install_python_stream_attribution,
-    job_output,
-    logs_for_job,
-    redact_from,
-)
+from ._redact import EDGE_CONTEXT, redact_from
 
 if TYPE_CHECKING:
     from ._redact import Redactor
 
-__all__ = [
-    "SHARED_OUTPUT_HEADER",
-    "JobOutput",
-    "OutputCapture",
-    "install_python_stream_attribution",
-    "job_output",
-    "logs_for_job",
-]
+__all__ = ["OutputCapture"]
 
 READER_THREAD_NAME = "trio_worker-output-capture"
 

@@ -22,8 +22,8 @@ from urllib.parse import urlencode
 import httpx
 import trio
 
-from ._config import with_query
-from ._version import __version__
+from .._config import with_query
+from .._version import __version__
 
 if TYPE_CHECKING:
     from ._http import HttpBackend

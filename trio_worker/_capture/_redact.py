@@ -66,3 +66,39 @@ class Redactor:
         if self._bytes_pattern is None or not data:
             return data
         return self._bytes_pattern.sub(REDACTED.encode(), data)
+
+
+# Text kept before a window only so that a secret straddling the cut is still matched whole.
+# Longer than any credential we have met (API keys and tokens are well under 200 chars); a
+# secret longer than this could show its tail at the very start of a window.
+EDGE_CONTEXT = 4096
+
+
+def redact_from(redactor: Redactor, text: str, start: int) -> str:
+    """The redacted form of ``text[start:]``, using ``text[:start]`` only as context.
+
+    A secret that straddles *start* comes out as (the start of) ``[REDACTED]``, not as the
+    unmatched tail of the secret that redacting ``text[start:]`` alone would leave.
+    """
+    whole = redactor.redact(text)
+    if start <= 0:
+        return whole
+    before = redactor.redact(text[:start])
+    if whole.startswith(before):
+        return whole[len(before) :]
+    # The two redactions agree up to the straddling secret, where *whole* has [REDACTED]
+    # and *before* the secret's head; anything cut from *whole* there on is safe.
+    return whole[_common_prefix_length(whole, before) :]
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    # Binary search over C-level comparisons: a per-character Python loop (which is what
+    # os.path.commonprefix does) would be slow over a 1 MiB window.
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a.startswith(b[:middle]):
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
     from ._config import Settings
     from ._lifecycle import HeldJob
-    from ._platform import PlatformClient
+    from ._platform._client import PlatformClient
 
 log = logging.getLogger("trio_worker")
 

@@ -35,9 +35,8 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from ._platform_core import Handout, _PlatformCore, encode_json
-from ._platform_records import JobRecord, RecordedRequest
-from ._platform_routes import (
+from ._records import JobRecord, RecordedRequest
+from ._routes import (
     NO_CONTENT,
     OK,
     ClientGone,
@@ -54,12 +53,13 @@ from ._platform_routes import (
     read_body,
     stats_body,
 )
+from ._state import Handout, _PlatformCore, encode_json
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ._http_server import Receive, Scope, Send
-    from ._platform_records import Fault
+    from ._records import Fault
 
 __all__ = ["ConnectionDropped", "FakePlatform"]
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ._app import FakePlatform
 from ._http_server import _url, serve_asgi
-from ._platform_app import FakePlatform
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
-from ._config import with_query
-from ._exceptions import PlatformError, RateLimited
+from .._config import with_query
+from .._exceptions import PlatformError, RateLimited
+from .._version import __version__
 from ._http import HttpResponse, make_backend
-from ._version import __version__
 from ._wire import TakeResponse, parse_stop, parse_take
 
 if TYPE_CHECKING:
-    from ._config import PlatformConfig, Timings
+    from .._config import PlatformConfig, Timings
 
 log = logging.getLogger("trio_worker")
 

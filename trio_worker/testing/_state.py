@@ -38,7 +38,7 @@ from collections import deque
 
 import trio
 
-from ._platform_records import (
+from ._records import (
     TERMINAL_STATUSES,
     Fault,
     JobRecord,

@@ -1,0 +1,35 @@
+"""What the process prints, captured for error reports, attributed, and redacted.
+
+* ``_fd``: `OutputCapture`, the fd-level capture of fds 1 and 2 (what C extensions, CUDA
+  and child processes write), passed through to the real stdout/stderr in order.
+* ``_attribution``: per-job attribution of Python-level writes, and ``logs_for_job``,
+  which puts a failed job's ``logs`` together from both.
+* ``_redact``: `Redactor`, which removes the worker's secrets from any text before it
+  leaves the process, including across the edge of a cut window.
+
+Data flows one way: ``_redact`` <- ``_fd`` and ``_attribution``; nothing here imports the
+rest of the package.
+"""
+
+from __future__ import annotations
+
+from ._attribution import (
+    SHARED_OUTPUT_HEADER,
+    JobOutput,
+    install_python_stream_attribution,
+    job_output,
+    logs_for_job,
+)
+from ._fd import OutputCapture
+from ._redact import REDACTED, Redactor
+
+__all__ = [
+    "REDACTED",
+    "SHARED_OUTPUT_HEADER",
+    "JobOutput",
+    "OutputCapture",
+    "Redactor",
+    "install_python_stream_attribution",
+    "job_output",
+    "logs_for_job",
+]
