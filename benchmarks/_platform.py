@@ -114,7 +114,7 @@ class PlatformProcess:
         return answer
 
     def worker_env(self) -> dict[str, str]:
-        """The RUNPOD_* wiring of PROTOCOL §1.5 (from the platform's ``/_env``)."""
+        """The RUNPOD_* wiring of docs/protocol.md §1.5 (from the platform's ``/_env``)."""
         answer: dict[str, str] = self.request("GET", "/_env")
         return answer
 

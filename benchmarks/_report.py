@@ -260,7 +260,7 @@ def markdown(
 ) -> str:
     ref_name = f"runpod {machine['runpod']}" if machine.get("runpod") else "reference"
     lines = [
-        "| figure | trio_worker | " + ref_name + " | ratio | target (DESIGN §11) | met |",
+        "| figure | trio_worker | " + ref_name + " | ratio | target (docs/design.md §11) | met |",
         "|---|---:|---:|---:|---|:---:|",
     ]
     for row in rows:

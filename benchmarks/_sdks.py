@@ -147,7 +147,7 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment of a worker process; the same for both SDKs.
 
-    PROTOCOL §1.5: the platform wiring, a ping interval of at least 1000 ms (below that the
+    docs/protocol.md §1.5: the platform wiring, a ping interval of at least 1000 ms (below that the
     reference's heartbeat dies), the reference's system and GPU checks skipped, an empty
     HOME (so no ``~/.runpod/config.toml`` overrides the key) and ERROR logging, which is
     also the quietest setting the reference accepts.

@@ -128,7 +128,7 @@ def draw_png(data: dict[str, Any], out: Path) -> None:
         handles.append(plt.Rectangle((0, 0), 1, 1, color=REF_COLOR))
         labels.append(f"runpod {data['machine'].get('runpod', '')} (reference)")
     handles.append(plt.Line2D([0], [0], color="black", linestyle="dashed"))
-    labels.append("DESIGN §11 target")
+    labels.append("docs/design.md §11 target")
     fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False)
     machine = data["machine"]
     fig.suptitle(

@@ -1,4 +1,4 @@
-"""Tests for trio_worker._capture._fd (DESIGN §8).
+"""Tests for trio_worker._capture._fd (docs/design.md §8).
 
 fd-level behaviour is tested in child processes (tests/capture_child.py), because pytest
 has already redirected fds 1/2 of this process. Per-job attribution and the pure helpers

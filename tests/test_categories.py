@@ -1,4 +1,4 @@
-"""The error-category rules, on the messages real libraries print (DESIGN §7)."""
+"""The error-category rules, on the messages real libraries print (docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration: environment parsing and placeholder rules (PROTOCOL §1, §1.5), the CLI
+"""Configuration: environment parsing and placeholder rules (docs/protocol.md §1, §1.5), the CLI
 flags of the reference, ``test_input.json`` and :class:`Timings` validation."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_every_id_placeholder_in_get_job_is_replaced() -> None:
 
 
 def test_get_job_substitutes_only_id_not_pod_id() -> None:
-    # PROTOCOL §1.1: "Nothing else is substituted" in GET_JOB.
+    # docs/protocol.md §1.1: "Nothing else is substituted" in GET_JOB.
     url = f"{H}/job-take/$RUNPOD_POD_ID?gpu=$RUNPOD_GPU_TYPE_ID"
     config = platform_from_env(env(RUNPOD_WEBHOOK_GET_JOB=url))
     assert config.take_url == url
@@ -125,7 +125,7 @@ def test_done_url_replaces_job_id_and_appends_is_stream_with_ampersand() -> None
 
 
 def test_stream_url_always_says_is_stream_false() -> None:
-    # PROTOCOL §2.4: stream chunks are sent with isStream=false.
+    # docs/protocol.md §2.4: stream chunks are sent with isStream=false.
     config = platform_from_env(env())
     assert config.stream_url("j-2") == f"{H}/job-stream/w1/j-2?gpu=A100&isStream=false"
 
@@ -142,7 +142,7 @@ def test_template_without_query_gets_a_question_mark() -> None:
 
 
 def test_done_template_without_job_id_placeholder_is_used_as_is() -> None:
-    # The reference's local simulator has no $ID in the done URL (PROTOCOL §1.5).
+    # The reference's local simulator has no $ID in the done URL (docs/protocol.md §1.5).
     config = platform_from_env(env(RUNPOD_WEBHOOK_POST_OUTPUT=f"{H}/job-done?gpu=A100"))
     assert config.done_url("j", is_stream=False) == f"{H}/job-done?gpu=A100&isStream=false"
 
@@ -218,7 +218,7 @@ def test_endpoint_id() -> None:
     [("1000", 1.0), ("10000", 10.0), ("2500", 2.5), ("500", 0.5), ("1", 0.001), (" 750 ", 0.75)],
 )
 def test_ping_interval_is_milliseconds_including_below_one_second(raw: str, seconds: float) -> None:
-    # Below 1000 the reference floors to 0 and kills its heartbeat (PROTOCOL §8 item 17).
+    # Below 1000 the reference floors to 0 and kills its heartbeat (docs/protocol.md §8 item 17).
     assert platform_from_env(env(RUNPOD_PING_INTERVAL=raw)).ping_interval == seconds
 
 

@@ -1,5 +1,5 @@
-"""Error payloads: shapes (PROTOCOL §3.3, §3.4, §3.6), clipping (§3.7), redaction (DESIGN
-§8) and the 64 KiB bound on every error body whatever the input (DESIGN I6)."""
+"""Error payloads: shapes (docs/protocol.md §3.3, §3.4, §3.6), clipping (§3.7), redaction
+(docs/design.md §8) and the 64 KiB bound on every error body whatever the input (I6)."""
 
 from __future__ import annotations
 

@@ -217,7 +217,7 @@ async def test_cancelled_queued_job_is_skipped(autojump_clock: MockClock) -> Non
 
 
 async def test_template_without_query_string_still_routes(autojump_clock: MockClock) -> None:
-    # PROTOCOL §1.5: without "?" in GET_JOB the SDK's "&job_in_progress" lands in the path.
+    # docs/protocol.md §1.5: without "?" in GET_JOB the SDK's "&job_in_progress" lands in the path.
     platform = FakePlatform(take_hold=0)
     job_id = platform.enqueue(1)
     async with asgi_client(platform) as client:
@@ -780,7 +780,7 @@ async def test_worker_env_urls_route_to_the_platform(autojump_clock: MockClock) 
     assert env["RUNPOD_PING_INTERVAL"] == "2000"
     job_id = platform.enqueue("x")
 
-    def fill(template: str) -> str:  # the reference SDK's substitutions (PROTOCOL §1.5)
+    def fill(template: str) -> str:  # the reference SDK's substitutions (docs/protocol.md §1.5)
         return template.replace("$RUNPOD_POD_ID", "pod-7").replace("$ID", job_id)
 
     take = env["RUNPOD_WEBHOOK_GET_JOB"].replace("$ID", "pod-7") + "&job_in_progress=0"

@@ -1,5 +1,5 @@
 """Calling the user's handler: kind detection, threads, streams, cooperative cancellation
-(DESIGN §2, §5, §9)."""
+(docs/design.md §2, §5, §9)."""
 
 from __future__ import annotations
 

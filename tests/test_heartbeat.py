@@ -1,5 +1,6 @@
-"""The heartbeat (PROTOCOL §2.6, DESIGN §3): its query, the thread against a real loopback
-server, and the trio task in virtual time."""
+"""The heartbeat (docs/protocol.md §2.6, docs/design.md §3).
+
+Its query, the thread against a real loopback server, and the trio task in virtual time."""
 
 from __future__ import annotations
 
@@ -237,7 +238,7 @@ def test_failed_pings_are_logged_and_the_loop_goes_on(caplog: pytest.LogCaptureF
 QUERY_BUG = (
     "BUG: the ping drops the query string of the RUNPOD_WEBHOOK_PING template (e.g. "
     "'?gpu=A100'): httpx's params= replaces the URL's query instead of merging as the "
-    "reference's requests does (PROTOCOL §1.5, §9.2: keep the templates' query strings)"
+    "reference's requests does (docs/protocol.md §1.5, §9.2: keep the templates' query strings)"
 )
 
 

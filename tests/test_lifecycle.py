@@ -1,4 +1,4 @@
-"""The job state machine and the ledger of held jobs (DESIGN §3, §4 I1, I7)."""
+"""The job state machine and the ledger of held jobs (docs/design.md §3, §4 I1, I7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Local modes (DESIGN §10) and start()'s argument handling, through real processes."""
+"""Local modes (docs/design.md §10) and start()'s argument handling, through real processes."""
 
 from __future__ import annotations
 

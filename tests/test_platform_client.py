@@ -1,4 +1,6 @@
-"""PlatformClient over httpx.MockTransport, in virtual time (PROTOCOL §2, DESIGN §5)."""
+"""PlatformClient over httpx.MockTransport, in virtual time.
+
+See docs/protocol.md §2 and docs/design.md §5."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Property-based race suite: the real worker against the fake platform, in virtual time.
 
 Each property draws a `Scenario` (initializer, jobs and their arrival, handlers, stop
-signals, SIGTERM, platform faults, timings) focused on one invariant of DESIGN §4, runs it
+signals, SIGTERM, platform faults, timings) focused on one invariant of docs/design.md §4, runs it
 in one ``trio.run`` under ``MockClock(autojump_threshold=0)`` with the fake platform mounted
 in-process, draws the network's interleavings as requests happen, and then runs *every*
 checker of ``tests/properties/harness.py`` on the trace. See docs/property-suite.md.

@@ -1,5 +1,5 @@
-"""Result bodies (PROTOCOL §3.2, §3.4) and their encoding: non-JSON and oversized results
-become clear errors on the job, never a silently dropped report (DESIGN §5)."""
+"""Result bodies (docs/protocol.md §3.2, §3.4) and their encoding: non-JSON and oversized results
+become clear errors on the job, never a silently dropped report (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parsing take and stop answers, one row of PROTOCOL §2.1 / §2.5 at a time."""
+"""Parsing take and stop answers, one row of docs/protocol.md §2.1 / §2.5 at a time."""
 
 from __future__ import annotations
 

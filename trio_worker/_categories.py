@@ -1,4 +1,4 @@
-"""The ``error_category`` of a failure: an ordered, documented rule table (DESIGN §7).
+"""The ``error_category`` of a failure: an ordered, documented rule table (docs/design.md §7).
 
 Why a category at all: the person reading a FAILED job in the console (or the tool that
 pages them) needs to know at a glance whether to fix their code, their image, their model
@@ -40,7 +40,7 @@ Notable choices:
 - ``timeout`` and ``worker_shutdown`` are never produced here: only the SDK's own init
   deadline is a ``timeout`` and only the SDK's shutdown is a ``worker_shutdown``; the caller
   passes those explicitly. A ``TimeoutError``, ``trio.TooSlowError``, ``socket.timeout`` or
-  ``asyncio.TimeoutError`` raised by user code is the user's own error (DESIGN I4): it is
+  ``asyncio.TimeoutError`` raised by user code is the user's own error (docs/design.md I4): it is
   classified by its message like any other exception, which usually means ``unknown``
   (``network`` when it says, for example, "[Errno 110] Connection timed out").
 """

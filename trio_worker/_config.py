@@ -1,7 +1,7 @@
 """Every knob of the worker: its default, and where it is read (environment, CLI, arguments).
 
 The platform wiring comes from the same environment variables and CLI flags as the
-reference SDK (PROTOCOL §1), with its placeholder rules (PROTOCOL §1.5):
+reference SDK (docs/protocol.md §1), with its placeholder rules (docs/protocol.md §1.5):
 
 * ``RUNPOD_WEBHOOK_GET_JOB``: ``$ID`` becomes the worker id; the batch-take and stop URLs are
   derived from it by replacing ``/job-take/``.
@@ -11,7 +11,7 @@ reference SDK (PROTOCOL §1), with its placeholder rules (PROTOCOL §1.5):
 
 Unlike the reference, a template without a ``?`` gets one, so query parameters never land in
 the path, and bad values fail at start with a message naming the variable instead of
-crashing at import (PROTOCOL §8 items 17 and 22).
+crashing at import (docs/protocol.md §8 items 17 and 22).
 
 The worker's own internal timeouts live in :class:`Timings`, one value object with named
 defaults, in the manner of ``httpx.Timeout``.
@@ -42,10 +42,10 @@ DEFAULT_TAKE_POLL_BOUND = 90.0  # client bound on one take long-poll, as the ref
 DEFAULT_STOP_POLL_BOUND = 90.0
 DEFAULT_REPORT_DEADLINE = 10.0  # one report, all its retries included
 DEFAULT_REPORT_ATTEMPTS = 6
-DEFAULT_CLAIM_GRACE = 10.0  # the reference's init claim bound (PROTOCOL §5.1)
+DEFAULT_CLAIM_GRACE = 10.0  # the reference's init claim bound (docs/protocol.md §5.1)
 DEFAULT_SHUTDOWN_GRACE = 20.0
 # On shutdown a take in flight gets this long to answer before its deadline cuts it: a job
-# already on the wire lands and runs, an empty long-poll is not waited on (DESIGN §9, I8).
+# already on the wire lands and runs, an empty long-poll is not waited on (docs/design.md §9, I8).
 DEFAULT_TAKE_DRAIN = 0.5
 DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce
 DEFAULT_ERROR_BACKOFF_MIN = 0.1
@@ -159,7 +159,7 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
 
 
 def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
-    """Read the platform wiring from *environ* (PROTOCOL §1.1 and §1.5).
+    """Read the platform wiring from *environ* (docs/protocol.md §1.1 and §1.5).
 
     Raises:
         ConfigurationError: when a variable holds a value the worker cannot use.
@@ -207,7 +207,7 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
 def log_level_from(environ: Mapping[str, str], cli_value: str | None) -> int:
     """The log level: ``--rp_log_level``, else ``RUNPOD_LOG_LEVEL``, else ``RUNPOD_DEBUG_LEVEL``.
 
-    The default is INFO, not the reference's DEBUG (PROTOCOL §8 item 39).
+    The default is INFO, not the reference's DEBUG (docs/protocol.md §8 item 39).
     """
     if cli_value is not None:
         source, raw = "--rp_log_level", cli_value

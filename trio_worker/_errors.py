@@ -2,11 +2,11 @@
 
 Why this module is careful: an error body is built from text the SDK does not control (an
 exception message, a traceback, the captured output) and posted to a platform that rejects
-oversized bodies. The reference SDK posted these unbounded (PROTOCOL §8 #32), so one
+oversized bodies. The reference SDK posted these unbounded (docs/protocol.md §8 #32), so one
 ``print`` of a tensor could make a failed job's report itself fail, and the caller learned
-nothing. Here every builder guarantees, whatever it is given (DESIGN I6):
+nothing. Here every builder guarantees, whatever it is given (docs/design.md I6):
 
-- every text field is redacted (DESIGN §8) *before* it is cut, so a cut can never leave
+- every text field is redacted (docs/design.md §8) *before* it is cut, so a cut can never leave
   half a secret behind;
 - every field is clipped, keeping head and tail (logs keep their tail: they already are the
   tail of the output, and the end is where a crash is explained);
@@ -20,7 +20,7 @@ Theory of operation
 Bodies are first built with the default per-field limits (``MAX_FIELD_CHARS``). That is
 the common case and costs one ``json.dumps``. Only when the encoded body is too large, which
 takes megabytes of ASCII or kilobytes of quotes, control characters or non-ASCII text (the
-inner JSON is escaped twice, PROTOCOL §3.7), the byte budget left after the fixed fields is
+inner JSON is escaped twice, docs/protocol.md §3.7), the byte budget left after the fixed fields is
 shared fairly between the large fields (small ones keep what they use, the rest split what
 is left) and each over-budget field is re-clipped to the longest head+tail that fits its
 share. A field is re-clipped from its original text, so the "[N characters truncated]"
@@ -61,10 +61,10 @@ __all__ = [
 ]
 
 MAX_FIELD_CHARS = 16 * 1024
-"""Per-field clip, in characters (PROTOCOL §3.7, the reference's ``MAX_CAPTURED_CHARS``)."""
+"""Per-field clip, in characters (docs/protocol.md §3.7, the reference's ``MAX_CAPTURED_CHARS``)."""
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
-"""The whole encoded job-done error body, in bytes (DESIGN I6)."""
+"""The whole encoded job-done error body, in bytes (docs/design.md I6)."""
 
 # Kept free below MAX_ERROR_BODY_BYTES, so that adding ``"stopPod": true`` (16 bytes) to a
 # built body keeps it within the bound.
@@ -90,7 +90,7 @@ class WorkerIdentity:
 
 
 def clip(text: str, limit: int = MAX_FIELD_CHARS) -> str:
-    """Keep the first and last ``limit // 2`` characters of *text* (PROTOCOL §3.7).
+    """Keep the first and last ``limit // 2`` characters of *text* (docs/protocol.md §3.7).
 
     >>> clip("abcdefghij", 4)
     'ab\\n...[6 characters truncated]...\\nij'
@@ -109,7 +109,7 @@ def error_type_name(exc: BaseException) -> str:
     (``"torch.OutOfMemoryError"``), so a name like ``Error`` stays meaningful. The module
     path stops before its first private part, where libraries re-export their exceptions:
     ``httpx._exceptions.ConnectError`` is ``"httpx.ConnectError"``. (The reference's
-    handler payload used ``str(type(exc))``, ``"<class 'ValueError'>"``, PROTOCOL §8 #25.)
+    handler payload used ``str(type(exc))``, ``"<class 'ValueError'>"``, docs/protocol.md §8 #25.)
     """
     cls = type(exc)
     module = cls.__module__ if isinstance(cls.__module__, str) else ""
@@ -132,7 +132,7 @@ def format_traceback(exc: BaseException) -> str:
 
 
 def encode_body(body: dict[str, Any]) -> bytes:
-    """The job-done request body: UTF-8 JSON, as the platform expects (PROTOCOL §2.3)."""
+    """The job-done request body: UTF-8 JSON, as the platform expects (docs/protocol.md §2.3)."""
     text = json.dumps(body, ensure_ascii=False)
     try:
         return text.encode()
@@ -149,7 +149,10 @@ def handler_error_body(
     identity: WorkerIdentity,
     redactor: Redactor,
 ) -> dict[str, Any]:
-    """``{"error": "<JSON string>"}`` for a handler that raised (DESIGN §5, PROTOCOL §3.3)."""
+    """``{"error": "<JSON string>"}`` for a handler that raised.
+
+    See docs/design.md §5 and docs/protocol.md §3.3.
+    """
     return json_error_body(
         error_type=error_type_name(exc),
         message=safe_str(exc),
@@ -190,7 +193,7 @@ def json_error_body(
 
 def generator_error_body(exc: BaseException, *, logs: str, redactor: Redactor) -> dict[str, Any]:
     """``{"error": "handler: <msg> \\ntraceback: <tb>\\nlogs:\\n<logs>"}``: the reference's
-    plain-string shape for a generator that raised mid-stream (PROTOCOL §3.4), clipped as a
+    plain-string shape for a generator that raised mid-stream (docs/protocol.md §3.4), clipped as a
     whole."""
     message = _Field.large(safe_str(exc), redactor)
     trace = _Field.large(format_traceback(exc), redactor)
@@ -198,7 +201,7 @@ def generator_error_body(exc: BaseException, *, logs: str, redactor: Redactor) -
 
     def build() -> dict[str, Any]:
         text = f"handler: {message.render()} \ntraceback: {trace.render()}\nlogs:\n{tail.render()}"
-        # The assembled string is clipped last (DESIGN I6); the parts' limits already keep
+        # The assembled string is clipped last (docs/design.md I6); the parts' limits already keep
         # it within the byte bound, so this only ever bounds its length in characters.
         return {"error": clip(text, 4 * MAX_FIELD_CHARS)}
 
@@ -218,9 +221,9 @@ def init_failed_body(
     init_timeout: float | None = None,
 ) -> dict[str, Any]:
     """``{"error": "<JSON string>"}`` with ``"event": "init_failed"`` for every job held when
-    the initializer failed (DESIGN §6, PROTOCOL §3.6). ``logs`` is omitted when empty, as in
-    the reference; ``hostname`` is added, because a crash-looping bad host is exactly what
-    this report has to point at."""
+    the initializer failed (docs/design.md §6, docs/protocol.md §3.6). ``logs`` is omitted
+    when empty, as in the reference; ``hostname`` is added, because a crash-looping bad host
+    is exactly what this report has to point at."""
     fields: list[tuple[str, _Field | object]] = [
         ("event", "init_failed"),
         ("error_type", _Field.small(error_type, redactor)),
@@ -244,7 +247,7 @@ def init_failed_body(
 def shutdown_error_body(
     *, job_id: str, grace_s: float, identity: WorkerIdentity, redactor: Redactor
 ) -> dict[str, Any]:
-    """The report for a job still running when ``shutdown_grace`` ran out (DESIGN §9)."""
+    """The report for a job still running when ``shutdown_grace`` ran out (docs/design.md §9)."""
     message = (
         f"The worker shut down while job {job_id} was running: it did not finish within the "
         f"shutdown grace of {grace_s:g} s and was cancelled. The worker was stopped by a "

@@ -59,7 +59,7 @@ class InitializationError(TrioWorkerError):
 
 
 class InitTimeout(TrioWorkerError):
-    """The SDK's own ``init_timeout`` expired (DESIGN §4 I4)."""
+    """The SDK's own ``init_timeout`` expired (docs/design.md §4 I4)."""
 
     def __init__(self, limit: float) -> None:
         super().__init__(f"initializer did not finish within init_timeout={limit:g}s")

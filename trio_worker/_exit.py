@@ -1,4 +1,4 @@
-"""Leaving the process: flush everything, then ``os._exit`` (DESIGN §6.3, TRIO_NOTES B5).
+"""Leaving the process: flush everything, then ``os._exit`` (docs/design.md §6.3, TRIO_NOTES B5).
 
 ``sys.exit`` joins every non-daemon thread, so a framework's leftover thread (a dataloader,
 an executor, an abandoned initializer) can keep a dead worker alive for ever. ``os._exit``

@@ -1,7 +1,7 @@
-"""Calling the user's handler: sync, async, sync generator, async generator (DESIGN §2).
+"""Calling the user's handler: sync, async, sync generator, async generator (docs/design.md §2).
 
 Detection looks through ``functools.partial`` and callable objects, which the reference
-misses (PROTOCOL §3.4); a plain function that *returns* a generator, a coroutine or an
+misses (docs/protocol.md §3.4); a plain function that *returns* a generator, a coroutine or an
 async generator is also handled by what it returns, so nothing is ever left unserializable
 because of how the handler was wrapped.
 
@@ -87,7 +87,7 @@ def is_cancellation(exc: BaseException) -> bool:
 class ThreadWaits:
     """Cancel scopes of job tasks waiting for an abandoned handler thread to end.
 
-    A stopped job keeps its slot until its thread returns (DESIGN §9); at the end of the
+    A stopped job keeps its slot until its thread returns (docs/design.md §9); at the end of the
     shutdown grace the supervisor cancels these waits, so a stuck thread cannot hold up
     the exit (the process then ends with ``os._exit``).
     """

@@ -1,13 +1,15 @@
-"""Running the initializer under the SDK's deadline, and the record of its failure (§4, §6).
+"""Running the initializer under the SDK's deadline, and the record of its failure.
+
+See docs/design.md §4 and §6.
 
 ``trio.move_on_after(init_timeout)`` is the only source of the SDK's timeout, and it is told
 apart by ``cancelled_caught``, so a ``TimeoutError``, ``trio.TooSlowError``, ``socket.timeout``
 or ``asyncio.TimeoutError`` raised by the user's code stays the user's error, with its own
-type (DESIGN §4 I4; the *494* branch got this wrong, PROTOCOL §8 item 26).
+type (docs/design.md §4 I4; the *494* branch got this wrong, docs/protocol.md §8 item 26).
 
 A sync initializer runs in a thread that is abandoned when the deadline fires or the
 worker shuts down: Python cannot kill a thread, so the worker exits with ``os._exit`` and
-the thread dies with the process (DESIGN §6.3).
+the thread dies with the process (docs/design.md §6.3).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ Initializer = Callable[[], Any]
 def init_failure_report(
     failure: InitFailure, identity: WorkerIdentity, redactor: Redactor
 ) -> bytes:
-    """The job-done body every held job is failed with (DESIGN §6.2)."""
+    """The job-done body every held job is failed with (docs/design.md §6.2)."""
     return encode_body(
         init_failed_body(
             error_type=failure.error_type,

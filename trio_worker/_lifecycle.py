@@ -5,7 +5,7 @@ Theory of operation
 A job is *held* from the moment a take response carrying it is parsed until its terminal
 report is acknowledged or finally given up, or until it is stopped or released. While held,
 the job's id is listed in every ping, counts against capacity, and is owed exactly one
-terminal report (DESIGN §4 I1), unless the platform stopped it or the worker released it.
+terminal report (docs/design.md §4 I1), unless the platform stopped it or the worker released it.
 
 Each job moves through these states; the trio tasks only *drive* the machine by firing
 events, in the manner of h11's ``_state.py``. No I/O happens here, so the property suite can

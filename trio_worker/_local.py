@@ -1,4 +1,4 @@
-"""Local modes (DESIGN §10): ``--test_input`` and the local endpoint.
+"""Local modes (docs/design.md §10): ``--test_input`` and the local endpoint.
 
 ``--test_input`` runs the initializer under the same supervision (deadline, failure record)
 and then the handler once, printing the result as JSON. The local endpoint serves the

@@ -1,9 +1,9 @@
 """Turning what a handler returned into the job-done body, and that body into bytes.
 
-The shapes are the reference's (PROTOCOL §3.2, §3.4) so existing clients keep working.
-What changes is what happens when a result cannot be sent (DESIGN §5): the reference logged
+The shapes are the reference's (docs/protocol.md §3.2, §3.4) so existing clients keep working.
+What changes is what happens when a result cannot be sent (docs/design.md §5): the reference logged
 a ``TypeError`` and posted nothing, so the request sat IN_PROGRESS until its timeout
-(PROTOCOL §8 #2). Here ``encode_result`` raises ``ResultEncodingError`` with a message that
+(docs/protocol.md §8 #2). Here ``encode_result`` raises ``ResultEncodingError`` with a message that
 names the offending value and what to return instead, and ``output_error_body`` turns it
 into an error the caller of the endpoint actually receives.
 
@@ -71,7 +71,7 @@ class ResultEncodingError(Exception):
 
 
 def result_body(value: object, *, refresh_worker: bool) -> dict[str, Any]:
-    """The job-done body for a non-streaming handler's return value (PROTOCOL §3.2).
+    """The job-done body for a non-streaming handler's return value (docs/protocol.md §3.2).
 
     >>> result_body({"error": "x", "a": 1}, refresh_worker=False)
     {'output': {'a': 1}, 'error': 'x'}
@@ -104,7 +104,7 @@ def result_body(value: object, *, refresh_worker: bool) -> dict[str, Any]:
 def stream_final_body(
     chunks: list[object] | None, *, aggregate: bool, refresh_worker: bool
 ) -> dict[str, Any]:
-    """The final job-done body of a streaming handler (PROTOCOL §3.4): the chunks when
+    """The final job-done body of a streaming handler (docs/protocol.md §3.4): the chunks when
     ``return_aggregate_stream`` is set, otherwise ``{"output": []}``."""
     body: dict[str, Any] = {"output": list(chunks) if aggregate and chunks else []}
     if refresh_worker:

@@ -3,7 +3,7 @@
 Nothing here decides *whether* a job runs (the supervisor and the gate do); this module
 turns a job that may run into the bytes of its job-done report, and never loses a result
 on the way: an exception, a non-JSON value, an oversized result, a generator that fails
-mid-stream all become a clear error on the job (DESIGN §5).
+mid-stream all become a clear error on the job (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -232,7 +232,8 @@ class JobRunner:
         async with receive:
             async for body in receive:
                 # Chunks go out in order, each retried; the generator runs ahead meanwhile
-                # (the reference waits for every POST before advancing, PROTOCOL §8 item 15).
+                # (the reference waits for every POST before advancing: docs/protocol.md
+                # §8 item 15).
                 with trio.move_on_after(self.settings.timings.report_deadline):
                     outcome = await self.client.post_report(url, body, job_id=job_id)
                     if not outcome.delivered:

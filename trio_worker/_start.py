@@ -1,4 +1,6 @@
-"""``start()``: the whole worker process, as ``runpod.serverless.start`` is (DESIGN §2, §9, §10).
+"""``start()``: the whole worker process, as ``runpod.serverless.start`` is.
+
+See docs/design.md §2, §9 and §10.
 
 It picks the mode the way the reference does: ``--rp_serve_api`` runs the local endpoint;
 ``--test_input`` (or no ``RUNPOD_WEBHOOK_GET_JOB`` at all) runs the handler once locally;

@@ -1,4 +1,4 @@
-"""The nursery that owns the worker's life: init, take, run and stop (DESIGN §3, §6, §9).
+"""The nursery that owns the worker's life: init, take, run and stop (docs/design.md §3, §6, §9).
 
 Theory of operation
 -------------------
@@ -18,7 +18,7 @@ Four sibling tasks share one nursery:
 On init failure every held job is failed with the same ``init_failed`` body: jobs at the
 gate report it as the cancellation reaches them, a take in flight gets ``claim_grace`` and
 its jobs are failed in the take task, and if no job was ever held one take bounded by the
-same grace claims a request to fail (DESIGN §6). On shutdown jobs still at the gate are
+same grace claims a request to fail (docs/design.md §6). On shutdown jobs still at the gate are
 released, running jobs get ``shutdown_grace`` and are then failed with ``worker_shutdown``.
 """
 
@@ -65,7 +65,7 @@ Concurrency = int | Callable[[int], int]
 _WAITING = (JobState.TAKEN, JobState.WAITING_FOR_INIT)
 _STOPPABLE = (JobState.TAKEN, JobState.WAITING_FOR_INIT, JobState.RUNNING)
 # A stop for an id not (yet) held is remembered this long: the take that delivers it may
-# still be on the wire (the reference forgets it, PROTOCOL §8 item 6).
+# still be on the wire (the reference forgets it, docs/protocol.md §8 item 6).
 STOP_MEMORY_SECONDS = 120.0
 STOP_MEMORY_SIZE = 1024
 
@@ -417,7 +417,7 @@ class Supervisor:
         delivered, why = False, "report deadline passed"
         with trio.move_on_after(self.timings.report_deadline, shield=True):
             if control is not None and control.progress_in_flight:
-                # Progress updates never land after the final result (PROTOCOL §3.5).
+                # Progress updates never land after the final result (docs/protocol.md §3.5).
                 await control.progress_idle.wait()
             outcome = await self.client.post_report(url, body, job_id=job.id)
             delivered, why = outcome.delivered, outcome.last_error or ""
@@ -429,7 +429,7 @@ class Supervisor:
         self._controls.pop(job.id, None)
 
     async def _fail_all(self, jobs: list[HeldJob]) -> None:
-        """Fail *jobs* with the init failure, all at once (DESIGN §6.4)."""
+        """Fail *jobs* with the init failure, all at once (docs/design.md §6.4)."""
         body = self._init_failed_body
         assert body is not None
         with trio.CancelScope(shield=True):
@@ -437,7 +437,7 @@ class Supervisor:
                 for job in jobs:
                     control = self._controls.get(job.id)
                     if control is not None and control.stop_requested:
-                        # The platform already stopped it: nothing is reported (§9).
+                        # The platform already stopped it: nothing is reported (docs/design.md §9).
                         self.ledger.fire(job, JobEvent.STOP)
                         self._controls.pop(job.id, None)
                         continue

@@ -51,7 +51,7 @@ class WorkerHandle:
         self._supervisor = supervisor
 
     def shutdown(self, reason: str = "requested") -> None:
-        """Begin a graceful shutdown, as SIGTERM does (DESIGN §9)."""
+        """Begin a graceful shutdown, as SIGTERM does (docs/design.md §9)."""
         self._supervisor.request_shutdown(reason)
 
     def stop_job(self, job_id: str) -> None:
@@ -286,7 +286,7 @@ async def _watch_signals(supervisor: Supervisor) -> None:
 
 
 def progress_update(job: Mapping[str, Any], progress: object) -> None:
-    """Send a non-terminal progress update for *job* (PROTOCOL §3.5).
+    """Send a non-terminal progress update for *job* (docs/protocol.md §3.5).
 
     Callable from an async handler or from a sync handler's thread. Unlike the reference,
     updates never arrive after the job's final result. Does nothing (with a warning) when no

@@ -1,4 +1,6 @@
-"""The supervised initializer end to end (DESIGN §6), one test per row of issue 3's table."""
+"""The supervised initializer end to end (docs/design.md §6).
+
+One test per row of issue 3's table."""
 
 from __future__ import annotations
 

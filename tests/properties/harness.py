@@ -30,7 +30,7 @@ Terms used by the checkers:
   an injected fault and then retried is not a duplicate; a second acknowledged one is.
 * *legitimate cut*: a take abandoned no earlier than its own deadline: ``take_poll_bound``
   after it was sent, ``claim_grace`` after an init failure, ``take_drain`` (capped by
-  ``shutdown_grace``) after a shutdown request (DESIGN I8).
+  ``shutdown_grace``) after a shutdown request (docs/design.md I8).
 """
 
 from __future__ import annotations
@@ -833,7 +833,7 @@ def held_model(run: Run) -> Callable[[int], set[str]]:
 
 
 def cut_limit(run: Run, ex: Exchange) -> float:
-    """The earliest time a take sent as *ex* may legitimately be abandoned (DESIGN I8)."""
+    """The earliest time a take sent as *ex* may legitimately be abandoned (docs/design.md I8)."""
     timings = run.scenario.timings
     limit = ex.time + timings.take_poll_bound
     failure = failure_of(run)

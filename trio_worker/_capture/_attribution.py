@@ -1,4 +1,4 @@
-"""Per-job attribution of Python-level output, job logs, edge-safe redaction (DESIGN §8).
+"""Per-job attribution of Python-level output, job logs, edge-safe redaction (docs/design.md §8).
 
 The fd-level capture in ``_capture`` cannot tell jobs apart: every task writes to the
 same fds 1 and 2. Python-level writes can be attributed, because they happen in the

@@ -1,4 +1,4 @@
-"""fd-level capture of stdout and stderr (DESIGN §8).
+"""fd-level capture of stdout and stderr (docs/design.md §8).
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""Redaction of secret values before any text leaves the process (DESIGN §8).
+"""Redaction of secret values before any text leaves the process (docs/design.md §8).
 
 A secret is the value of ``RUNPOD_AI_API_KEY`` or of any environment variable whose
 name contains KEY, TOKEN, SECRET or PASSWORD. Values are matched literally; very short

@@ -1,4 +1,4 @@
-"""The platform protocol over httpx: take, stop, done, stream (PROTOCOL §2).
+"""The platform protocol over httpx: take, stop, done, stream (docs/protocol.md §2).
 
 Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, stream,
 progress) the other. Cancelling a long-poll can leak a pool slot under contention
@@ -33,13 +33,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_worker")
 
 USER_AGENT = f"trio_worker/{__version__} (Language/Python {platform.python_version()})"
-# The reference sends JSON text under a form content type (PROTOCOL §2.3); the platform
+# The reference sends JSON text under a form content type (docs/protocol.md §2.3); the platform
 # parses the raw body. Sending the same keeps us byte-compatible with what it accepts.
 REPORT_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
 def _retryable(status: int) -> bool:
-    """408, 429 and every 5xx are worth another attempt (DESIGN §5)."""
+    """408, 429 and every 5xx are worth another attempt (docs/design.md §5)."""
     return status >= 500 or status in (408, 429)
 
 

@@ -1,8 +1,10 @@
-"""The heartbeat: a ping every ``RUNPOD_PING_INTERVAL`` with the held job ids (PROTOCOL §2.6).
+"""The heartbeat: a ping every ``RUNPOD_PING_INTERVAL`` with the held job ids.
+
+See docs/protocol.md §2.6.
 
 It runs in a daemon thread of its own, not in the event loop, so a handler that blocks the
 loop does not silence it, and not in a second process, so it can never outlive the worker
-and report a dead worker as alive (PROTOCOL §8 item 16). The cadence is fixed-rate (each
+and report a dead worker as alive (docs/protocol.md §8 item 16). The cadence is fixed-rate (each
 ping is due one interval after the previous one was due), so a slow ping does not stretch
 the gap (item 18). The held ids are read from the ledger's snapshot tuple, which the event
 loop replaces atomically, so no lock is needed.

@@ -4,7 +4,7 @@ Why a client of our own: the platform protocol is a handful of tiny requests to 
 fixed URLs, and every job costs at least two of them. httpx spends about 0.6-1.2 ms of CPU
 per request on its general machinery (benchmarks/results: 468 jobs/s for a bare httpx
 take+done loop against 2,397 for a raw one), which is the worker's whole budget at the
-throughput DESIGN §11 asks for. :class:`LeanHttp` builds each request as one bytes object,
+throughput docs/design.md §11 asks for. :class:`LeanHttp` builds each request as one bytes object,
 keeps connections alive, and parses only what the protocol needs (status, headers,
 Content-Length or chunked bodies).
 

@@ -1,9 +1,9 @@
-"""Parsing the platform's take and stop responses (PROTOCOL §2.1, §2.2, §2.5). No I/O.
+"""Parsing the platform's take and stop responses (docs/protocol.md §2.1, §2.2, §2.5). No I/O.
 
 Kept pure so the rules for odd answers are tested one by one. Where the reference drops a
 job silently (a single job missing ``input``; a batch item that crashes dispatch), these
 rules keep it: an item with a usable ``id`` but a bad shape is returned as *malformed*, so the
-worker can report a clear error on that job instead of losing it (PROTOCOL §8 item 5).
+worker can report a clear error on that job instead of losing it (docs/protocol.md §8 item 5).
 """
 
 from __future__ import annotations

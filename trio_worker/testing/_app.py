@@ -7,7 +7,7 @@ benchmarks. So it uses only trio primitives and ``trio.current_time()`` (no thre
 wall clock), and the common path (a job ready when a take arrives) answers with no task,
 nursery or wait.
 
-Routes (the recommended wiring of PROTOCOL §1.5; any endpoint id is accepted):
+Routes (the recommended wiring of docs/protocol.md §1.5; any endpoint id is accepted):
 
 ============================================  ==========  ==================================
 path                                          route name  answer
@@ -114,7 +114,7 @@ class FakePlatform(_PlatformCore):
         api_key: when set, worker routes answer 401 unless ``Authorization`` equals it.
         take_hold: seconds a take long-polls for a job before answering 204 (0: at once).
         stop_hold: seconds a job-stop long-polls for stop signals before 204.
-        requeue_after: the requeue rule (PROTOCOL §2.7 leaves it open). A taken,
+        requeue_after: the requeue rule (docs/protocol.md §2.7 leaves it open). A taken,
             unfinished job goes back to the head of the queue once this many seconds have
             passed since the later of its take and the last ping *from its holder* that
             listed it; each requeue is recorded in ``job(id).requeues``. None (the
@@ -160,7 +160,7 @@ class FakePlatform(_PlatformCore):
     def worker_env(
         self, base_url: str, *, worker_id: str = "w1", ping_interval_ms: int = 1000
     ) -> dict[str, str]:
-        """The ``RUNPOD_*`` variables wiring a worker to this platform (PROTOCOL §1.5).
+        """The ``RUNPOD_*`` variables wiring a worker to this platform (docs/protocol.md §1.5).
 
         Without a configured ``api_key`` a placeholder key is given, because workers only
         start their heartbeat when a key is set.
@@ -192,7 +192,7 @@ class FakePlatform(_PlatformCore):
         query = parse_query(scope["query_string"])
         if args and route in _WORKER_ROUTE_NAMES and "&" in args[-1]:
             # A GET_JOB template without "?" puts the appended parameters in the path
-            # (PROTOCOL §1.5); accept them rather than answer 404.
+            # (docs/protocol.md §1.5); accept them rather than answer 404.
             args[-1], _, extra = args[-1].partition("&")
             query.update(parse_qsl(extra, keep_blank_values=True))
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}

@@ -123,7 +123,7 @@ class JobRecord:
     ``done_reports`` holds every terminal job-done body received, in order; the first
     decided the status, any further one is a duplicate (see :attr:`duplicates`).
     ``progress`` holds the ``IN_PROGRESS`` updates received while the job was open and
-    ``late_progress`` those received after it finished (ignored, as PROTOCOL §3.5 says a
+    ``late_progress`` those received after it finished (ignored, as docs/protocol.md §3.5 says a
     platform must).
     """
 

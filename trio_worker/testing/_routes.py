@@ -153,7 +153,7 @@ def parse_query(query_string: bytes) -> dict[str, str]:
 
 
 def parse_json(body: bytes) -> object:
-    """Parse *body* as JSON, whatever the Content-Type said (PROTOCOL §2.3).
+    """Parse *body* as JSON, whatever the Content-Type said (docs/protocol.md §2.3).
 
     Raises:
         ValueError: if it is not valid JSON.

@@ -16,13 +16,13 @@ checks its predicate and parks with no checkpoint in between, and every mutation
 sync methods such as :meth:`enqueue` can notify waiters, and a waiter never awaits an
 already-set event (the autojump pitfall in TRIO_NOTES B6).
 
-Requeue rule (PROTOCOL §2.7 leaves it to the platform)
+Requeue rule (docs/protocol.md §2.7 leaves it to the platform)
 ------------------------------------------------------
 With ``requeue_after`` set, a job that was taken and is not finished goes back to the head
 of the queue once ``requeue_after`` seconds have passed since the later of (a) its take and
 (b) the last ping *from its holder* that listed its id. So a worker that keeps listing a job
 keeps it for ever; a worker that dies, stops pinging, or drops the id from its pings (the
-"release" of DESIGN §9) loses it after ``requeue_after``. Choose ``requeue_after`` of a few
+"release" of docs/design.md §9) loses it after ``requeue_after``. Choose ``requeue_after`` of a few
 ping intervals: a worker's first ping after a take can come up to one interval later. The
 rule is checked lazily at every request and, if :meth:`run_requeue_checker` runs, at the
 exact deadline. Every requeue is recorded in :attr:`JobRecord.requeues`. ``None`` (the
