@@ -51,6 +51,14 @@ DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce
 DEFAULT_ERROR_BACKOFF_MIN = 0.1
 DEFAULT_ERROR_BACKOFF_MAX = 10.0
 DEFAULT_EMPTY_POLL_FLOOR = 1.0  # a stop poll answered empty faster than this waits the rest
+DEFAULT_CONNECT_TIMEOUT = 10.0  # one TCP (and TLS) connect to the platform
+DEFAULT_REPORT_BACKOFF_MAX = 2.0  # cap of one wait between two attempts of a report
+# A stop for an id not (yet) held is remembered this long, and at most this many: the take
+# that delivers it may still be on the wire (the reference forgets it, docs/protocol.md §8).
+DEFAULT_STOP_MEMORY = 120.0
+DEFAULT_STOP_MEMORY_SIZE = 1024
+DEFAULT_SYNC_CLOSE_BOUND = 5.0  # a sync generator's cleanup when its stream ends early
+DEFAULT_EXIT_FLUSH_WATCHDOG = 5.0  # flushing logs at exit; os._exit follows regardless
 DEFAULT_LOGS_TAIL_CHARS = 16 * 1024
 DEFAULT_API_HOST = "localhost"
 DEFAULT_API_PORT = 8000
@@ -89,6 +97,12 @@ class Timings:
     error_backoff_min: float = DEFAULT_ERROR_BACKOFF_MIN
     error_backoff_max: float = DEFAULT_ERROR_BACKOFF_MAX
     empty_poll_floor: float = DEFAULT_EMPTY_POLL_FLOOR
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    report_backoff_max: float = DEFAULT_REPORT_BACKOFF_MAX
+    stop_memory: float = DEFAULT_STOP_MEMORY
+    stop_memory_size: int = DEFAULT_STOP_MEMORY_SIZE
+    sync_close_bound: float = DEFAULT_SYNC_CLOSE_BOUND
+    exit_flush_watchdog: float = DEFAULT_EXIT_FLUSH_WATCHDOG
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -97,10 +111,10 @@ class Timings:
                 raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
             if math.isnan(value) or value < 0:
                 raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
-        if not isinstance(self.report_attempts, int) or self.report_attempts < 1:
-            raise ConfigurationError(
-                f"report_attempts must be a whole number >= 1, got {self.report_attempts!r}"
-            )
+        for name in ("report_attempts", "stop_memory_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
