@@ -436,15 +436,21 @@ def test_timings_reject_non_numbers_naming_the_field(name: str) -> None:
         Timings(**{name: "5"})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", [n for n in TIMING_FIELDS if n != "report_attempts"])
+WHOLE_COUNTS = ("report_attempts", "stop_memory_size")
+
+
+@pytest.mark.parametrize("name", [n for n in TIMING_FIELDS if n not in WHOLE_COUNTS])
 def test_timings_accept_zero(name: str) -> None:
     assert getattr(Timings(**{name: 0}), name) == 0
 
 
-def test_timings_report_attempts_at_least_one() -> None:
-    with pytest.raises(ConfigurationError, match="report_attempts"):
-        Timings(report_attempts=0)
-    assert Timings(report_attempts=1).report_attempts == 1
+@pytest.mark.parametrize("name", WHOLE_COUNTS)
+def test_timings_counts_at_least_one(name: str) -> None:
+    with pytest.raises(ConfigurationError, match=name):
+        Timings(**{name: 0})
+    with pytest.raises(ConfigurationError, match=name):
+        Timings(**{name: 1.5})
+    assert getattr(Timings(**{name: 1}), name) == 1
 
 
 def test_timings_are_frozen() -> None:
