@@ -449,7 +449,7 @@ def test_timings_counts_at_least_one(name: str) -> None:
     with pytest.raises(ConfigurationError, match=name):
         Timings(**{name: 0})
     with pytest.raises(ConfigurationError, match=name):
-        Timings(**{name: 1.5})
+        Timings(**{name: 1.5})  # type: ignore[arg-type]
     assert getattr(Timings(**{name: 1}), name) == 1
 
 

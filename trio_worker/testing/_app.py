@@ -53,7 +53,7 @@ from ._routes import (
     read_body,
     stats_body,
 )
-from ._state import Handout, _PlatformCore, encode_json
+from ._state import Handout, PlatformState, encode_json
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -107,7 +107,7 @@ _METHODS: Final = {
 }
 
 
-class FakePlatform(_PlatformCore):
+class FakePlatform(PlatformState):
     """The Runpod platform, faked: a job queue behind the worker protocol, as an ASGI app.
 
     Args:
@@ -155,26 +155,6 @@ class FakePlatform(_PlatformCore):
             "done": self._done,
             "stream": self._stream,
             "ping": self._ping,
-        }
-
-    def worker_env(
-        self, base_url: str, *, worker_id: str = "w1", ping_interval_ms: int = 1000
-    ) -> dict[str, str]:
-        """The ``RUNPOD_*`` variables wiring a worker to this platform (docs/protocol.md §1.5).
-
-        Without a configured ``api_key`` a placeholder key is given, because workers only
-        start their heartbeat when a key is set.
-        """
-        base = f"{base_url.rstrip('/')}/v2/{self.endpoint_id}"
-        gpu = "?gpu=fake-gpu"
-        return {
-            "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID{gpu}",
-            "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID{gpu}",
-            "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID{gpu}",
-            "RUNPOD_WEBHOOK_PING": f"{base}/ping/$RUNPOD_POD_ID{gpu}",
-            "RUNPOD_AI_API_KEY": self.api_key if self.api_key is not None else "fake-key",
-            "RUNPOD_POD_ID": worker_id,
-            "RUNPOD_PING_INTERVAL": str(ping_interval_ms),
         }
 
     # -- ASGI ---------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from ._state import encode_json
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._app import FakePlatform
     from ._http_server import Message, Receive, Send
     from ._records import Fault, JobRecord, RecordedRequest
+    from ._state import PlatformState
 
 _T = TypeVar("_T")
 
@@ -215,7 +215,7 @@ def status_object(job: JobRecord) -> dict[str, object]:
     return answer
 
 
-async def api_route(platform: FakePlatform, request: Request) -> Response:
+async def api_route(platform: PlatformState, request: Request) -> Response:
     """Answer one endpoint API request (any route name starting ``api_``, or ``env``)."""
     route = request.route
     if route in ("api_run", "api_runsync"):
@@ -241,7 +241,7 @@ async def api_route(platform: FakePlatform, request: Request) -> Response:
     return json_response(200, status_object(job))
 
 
-async def _run(platform: FakePlatform, request: Request, *, sync: bool) -> Response:
+async def _run(platform: PlatformState, request: Request, *, sync: bool) -> Response:
     try:
         body = parse_json(request.body)
     except ValueError:
@@ -259,13 +259,13 @@ async def _run(platform: FakePlatform, request: Request, *, sync: bool) -> Respo
         except ValueError:
             return json_response(400, {"error": "wait must be a number of milliseconds"})
     job = platform.job(job_id)
-    await hold(request, wait, lambda: job if job.finished else None, platform._status_changed)
+    await hold(request, wait, lambda: job if job.finished else None, platform.status_changed)
     return json_response(200, status_object(job))
 
 
-def _health(platform: FakePlatform) -> dict[str, object]:
+def _health(platform: PlatformState) -> dict[str, object]:
     stats = platform.statistics()
-    running = {job.taken_by for job in platform._held.values()}
+    running = {job.taken_by for job in platform.held.values()}
     return {
         "jobs": {
             "completed": stats.completed,
@@ -279,7 +279,7 @@ def _health(platform: FakePlatform) -> dict[str, object]:
     }
 
 
-def stats_body(platform: FakePlatform, query: dict[str, str]) -> bytes:
+def stats_body(platform: PlatformState, query: dict[str, str]) -> bytes:
     """``GET /_stats``: counters, a throughput/latency summary and per-job timestamps.
 
     Times are the platform's ``trio.current_time()``: only differences are meaningful.

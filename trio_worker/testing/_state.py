@@ -6,7 +6,7 @@ Every job lives in ``_jobs`` from the moment it is enqueued. ``_queue`` holds th
 jobs waiting to be taken (plus raw take payloads, see :meth:`enqueue_raw`). Cancelling a
 queued job only changes its status; a take skips queue entries whose job is no longer
 ``IN_QUEUE``, which keeps every operation O(1) without searching the deque. A job handed
-out by a take moves to ``_held`` (keyed by id, with ``taken_by``) until a terminal
+out by a take moves to ``held`` (keyed by id, with ``taken_by``) until a terminal
 job-done report, a cancel or a requeue takes it out again.
 
 All mutation is synchronous and happens on the trio thread, so it needs no lock. Waiters
@@ -52,7 +52,7 @@ _STATUSES = ("IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED")
 
 
 class _RawTake:
-    """A take answer handed out verbatim (see :meth:`_PlatformCore.enqueue_raw`)."""
+    """A take answer handed out verbatim (see :meth:`PlatformState.enqueue_raw`)."""
 
     __slots__ = ("body", "content_type", "payload")
 
@@ -96,7 +96,7 @@ def encode_json(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-class _PlatformCore:
+class PlatformState:
     """State and synchronous operations of :class:`~trio_worker.testing.FakePlatform`."""
 
     def __init__(
@@ -127,7 +127,7 @@ class _PlatformCore:
         self.pings: list[PingRecord] = []
         self._jobs: dict[str, JobRecord] = {}
         self._queue: deque[str | _RawTake] = deque()
-        self._held: dict[str, JobRecord] = {}
+        self.held: dict[str, JobRecord] = {}
         self._stops: dict[str, str | None] = {}  # job id -> addressee (None: its holder)
         self._faults: list[_ArmedFault] = []
         self._status_counts = dict.fromkeys(_STATUSES, 0)
@@ -146,11 +146,31 @@ class _PlatformCore:
         self._late_progress = 0
         self._queue_changed = trio.lowlevel.ParkingLot()
         self._stops_changed = trio.lowlevel.ParkingLot()
-        self._status_changed = trio.lowlevel.ParkingLot()
+        self.status_changed = trio.lowlevel.ParkingLot()
         self._requests_changed = trio.lowlevel.ParkingLot()
         self._checker_scope: trio.CancelScope | None = None
 
     # -- the Python API for tests ------------------------------------------------------
+
+    def worker_env(
+        self, base_url: str, *, worker_id: str = "w1", ping_interval_ms: int = 1000
+    ) -> dict[str, str]:
+        """The ``RUNPOD_*`` variables wiring a worker to this platform (docs/protocol.md §1.5).
+
+        Without a configured ``api_key`` a placeholder key is given, because workers only
+        start their heartbeat when a key is set.
+        """
+        base = f"{base_url.rstrip('/')}/v2/{self.endpoint_id}"
+        gpu = "?gpu=fake-gpu"
+        return {
+            "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID{gpu}",
+            "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID{gpu}",
+            "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID{gpu}",
+            "RUNPOD_WEBHOOK_PING": f"{base}/ping/$RUNPOD_POD_ID{gpu}",
+            "RUNPOD_AI_API_KEY": self.api_key if self.api_key is not None else "fake-key",
+            "RUNPOD_POD_ID": worker_id,
+            "RUNPOD_PING_INTERVAL": str(ping_interval_ms),
+        }
 
     def enqueue(
         self, input: object, *, job_id: str | None = None, extra: dict[str, object] | None = None
@@ -237,7 +257,7 @@ class _PlatformCore:
             self._stops[job_id] = job.taken_by
             job.stop_requested = True
             self._stops_changed.unpark_all()
-        self._held.pop(job_id, None)
+        self.held.pop(job_id, None)
         job.done_time = _now_or_none()
         self._set_status(job, "CANCELLED")
         return job
@@ -287,7 +307,7 @@ class _PlatformCore:
             job = self._jobs.get(job_id)
             if job is not None and job.status in wanted:
                 return job
-            await self._status_changed.park()
+            await self.status_changed.park()
 
     async def wait_for_requests(self, route: str, count: int) -> None:
         """Wait until *count* requests of *route* (``"*"``: any) have arrived in total."""
@@ -329,14 +349,14 @@ class _PlatformCore:
     def _add_job(self, job: JobRecord) -> None:
         self._jobs[job.id] = job
         self._status_counts[job.status] += 1
-        self._status_changed.unpark_all()
+        self.status_changed.unpark_all()
 
     def _set_status(self, job: JobRecord, status: str) -> None:
         counts = self._status_counts
         counts[job.status] -= 1
         counts[status] += 1
         job.status = status
-        self._status_changed.unpark_all()
+        self.status_changed.unpark_all()
 
     def _record_request(self, request: RecordedRequest) -> None:
         if self.record_requests:
@@ -399,7 +419,7 @@ class _PlatformCore:
         job.take_time = now
         job.takes += 1
         self._handed_out += 1
-        self._held[job.id] = job
+        self.held[job.id] = job
         self._workers[worker] = now
         if self.requeue_after is not None and now + self.requeue_after < self._next_requeue_check:
             self._next_requeue_check = now + self.requeue_after
@@ -419,7 +439,7 @@ class _PlatformCore:
         now = trio.current_time()
         job.requeues.append(RequeueRecord(now, job.taken_by, reason))
         self._requeue_total += 1
-        self._held.pop(job.id, None)
+        self.held.pop(job.id, None)
         self._last_listed.pop(job.id, None)
         job.taken_by = None
         job.take_time = None
@@ -433,7 +453,7 @@ class _PlatformCore:
         if requeue_after is None or now < self._next_requeue_check:
             return
         next_check = math.inf
-        for job in list(self._held.values()):
+        for job in list(self.held.values()):
             assert job.take_time is not None
             due = max(job.take_time, self._last_listed.get(job.id, -math.inf)) + requeue_after
             if now >= due:
@@ -447,7 +467,7 @@ class _PlatformCore:
         self.pings.append(PingRecord(now, worker, job_ids, query))
         self._workers[worker] = now
         for job_id in job_ids:
-            job = self._held.get(job_id)
+            job = self.held.get(job_id)
             if job is not None and job.taken_by == worker:
                 self._last_listed[job_id] = now
 
@@ -478,7 +498,7 @@ class _PlatformCore:
         job.done_time = trio.current_time()
         job.done_by = pod
         job.is_stream = is_stream
-        self._held.pop(job.id, None)
+        self.held.pop(job.id, None)
         self._stops.pop(job.id, None)
         self._last_listed.pop(job.id, None)
         self._set_status(job, status)
@@ -487,7 +507,7 @@ class _PlatformCore:
         ready: list[str] = []
         for job_id, addressee in self._stops.items():
             if addressee is None:
-                job = self._held.get(job_id)
+                job = self.held.get(job_id)
                 if job is None or job.taken_by != worker:
                     continue
             elif addressee != worker:
@@ -512,7 +532,7 @@ class _PlatformCore:
         """Put back stop signals whose answer never reached the worker."""
         for job_id, addressee in delivered.items():
             job = self._jobs.get(job_id)
-            if addressee is None and (job is None or job.id not in self._held):
+            if addressee is None and (job is None or job.id not in self.held):
                 continue  # the job finished meanwhile: nothing left to stop
             if job is not None:
                 job.stop_delivered_time = None
