@@ -1,0 +1,124 @@
+"""The package's layout keeps its promises (docs/how-it-works.md, the module map).
+
+Read from the source with ``ast``, so the checks see every import, including those under
+``TYPE_CHECKING`` and inside functions: a cycle hidden behind a lazy import is still a
+cycle for the reader.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trio_worker"
+
+# Layers that sit below the supervisor: data flows into them, never back out.
+LOWER_LAYERS = ("trio_worker._platform", "trio_worker._capture", "trio_worker.testing")
+UPPER_MODULES = (
+    "trio_worker._supervisor",
+    "trio_worker._worker",
+    "trio_worker._start",
+    "trio_worker._runner",
+    "trio_worker._local",
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The package modules *path* imports (a package's re-exports count as its own)."""
+    name = _module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                prefix = ".".join([*base, node.module] if node.module else base)
+            else:
+                prefix = node.module or ""
+            targets = [f"{prefix}.{alias.name}" for alias in node.names]
+            if node.module:
+                targets.append(prefix)
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    return {name: _imports(path, modules) for name, path in paths.items()}
+
+
+def _is_parent(a: str, b: str) -> bool:
+    return b.startswith(a + ".")
+
+
+def test_the_graph_is_read() -> None:
+    graph = _graph()
+    # A reader that found nothing would pass every check below.
+    assert "trio_worker._platform._client" in graph["trio_worker._supervisor"]
+    assert "trio_worker._capture._redact" in graph["trio_worker._capture._fd"]
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            # A package importing its own submodules to re-export them is not a cycle.
+            if _is_parent(node, nxt):
+                continue
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("layer", LOWER_LAYERS)
+def test_lower_layers_never_import_the_layers_above(layer: str) -> None:
+    graph = _graph()
+    offenders = {
+        module: sorted(set(imports) & set(UPPER_MODULES))
+        for module, imports in graph.items()
+        if (module == layer or _is_parent(layer, module)) and set(imports) & set(UPPER_MODULES)
+    }
+    assert offenders == {}
+
+
+def test_capture_and_platform_stay_self_contained() -> None:
+    # _capture imports only itself; _platform only itself and the leaf modules every layer
+    # shares (config, exceptions, version).
+    shared = {"trio_worker._config", "trio_worker._exceptions", "trio_worker._version"}
+    graph = _graph()
+    for layer, allowed in (
+        ("trio_worker._capture", set()),
+        ("trio_worker._platform", shared),
+    ):
+        for module, imports in graph.items():
+            if module == layer or _is_parent(layer, module):
+                outside = {i for i in imports if not (i == layer or _is_parent(layer, i))}
+                assert outside <= allowed, (module, outside - allowed)
