@@ -8,7 +8,7 @@ no-op jobs and prints one JSON line: jobs, seconds, jobs/s and this process's CP
   the ceiling for any worker measured against it.
 * ``httpx``: a bare trio + httpx loop (``GET`` job-take, ``POST`` job-done, prebuilt URLs,
   one shared ``AsyncClient``), *LOOPS* of them concurrently: what httpx costs per job with
-  no worker logic at all (TRIO_NOTES B6).
+  no worker logic at all (docs/benchmarks.md, "The floor").
 * ``lean``: the same loop on trio_worker's own HTTP client
   (``trio_worker._platform._http.LeanHttp``,
   a private API: this mode is for the benchmark only). This is trio_worker's floor: the

@@ -1,8 +1,9 @@
 """Scenarios for tests/test_capture.py, each run in its own process.
 
-fd-level capture can't be tested inside pytest, which has dup2'ed fds 1/2 itself
-(TRIO_NOTES B4 pitfall 6). Usage: ``python capture_child.py SCENARIO RESULT_JSON``; the
-scenario writes what it observed to RESULT_JSON, and the parent test also checks the
+fd-level capture can't be tested inside pytest, which has dup2'ed fds 1/2 itself (see
+https://docs.pytest.org/en/stable/how-to/capture-stdout-stderr.html).
+Usage: ``python capture_child.py SCENARIO RESULT_JSON``; the scenario writes what it
+observed to RESULT_JSON, and the parent test also checks the
 child's real stdout/stderr (what passed through).
 """
 

@@ -1,7 +1,10 @@
 """The h11-based ASGI server, over real loopback sockets.
 
-These use the real clock (sockets do not count as idle for MockClock's autojump, TRIO_NOTES
-B1.8), so every wait is on an event, bounded by ``trio.fail_after``, never a sleep.
+These use the real clock (MockClock's autojump jumps only when no task is runnable and no
+I/O is ready; a real socket's latency does not count, so virtual timeouts fire before the
+server answers; see trio.testing.MockClock in
+https://trio.readthedocs.io/en/stable/reference-testing.html), so every wait is on an
+event, bounded by ``trio.fail_after``, never a sleep.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ in-process, draws the network's interleavings as requests happen, and then runs 
 checker of ``tests/properties/harness.py`` on the trace. See docs/property-suite.md.
 
 The tests are sync on purpose: Hypothesis cannot run async tests, and pytest-trio's
-fixture-per-example integration trips a health check (TRIO_NOTES B2).
+fixture-per-example integration trips Hypothesis's function_scoped_fixture health check.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def test_everything_at_once(data: st.DataObject) -> None:
 # -- worker bugs this suite found: minimal reproductions, kept as regression tests ----------
 #
 # Each is the smallest scenario that showed the bug, checked by every checker under a few
-# pinned scheduler seeds (TRIO_NOTES B1.8), so it failed deterministically while the bug was
+# pinned seeds of trio's run-batch shuffle, so it failed deterministically while the bug was
 # there. All four were fixed in 58329a6 ("Fix what the property suite found"); they were
 # strict xfails until then. A bug found later gets the same treatment: a test here marked
 # ``@pytest.mark.xfail(strict=True, reason="BUG: ...")`` until the fix lands.

@@ -1,5 +1,17 @@
 """trio_worker: a Runpod Serverless worker on trio's structured concurrency.
 
+Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the full map):
+
+- ``_start`` (``start()``, the process and its exit) and ``_worker`` (``serve()``) assemble
+  the rest from ``_config`` (every knob: environment, CLI, ``Timings``).
+- ``_supervisor`` owns the nursery (init, take, run, stop) and ``_lifecycle`` the job state
+  machine and the ledger of held jobs; ``_initializer``, ``_runner`` and ``_handlers`` run
+  the user's code.
+- ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
+  ``_capture/`` captures and redacts output; ``_results``, ``_errors`` and ``_categories``
+  build the payloads. None of these imports anything above it.
+- ``testing/`` is the fake platform, independent of the worker's code.
+
 >>> import trio_worker
 >>> def handler(job): return {"echo": job["input"]}
 >>> # trio_worker.start(handler, initializer=load_model, init_timeout=600)

@@ -1,9 +1,10 @@
-"""Leaving the process: flush everything, then ``os._exit`` (docs/design.md §6.3, TRIO_NOTES B5).
+"""Leaving the process: flush everything, then ``os._exit`` (docs/design.md §6.3).
 
 ``sys.exit`` joins every non-daemon thread, so a framework's leftover thread (a dataloader,
 an executor, an abandoned initializer) can keep a dead worker alive for ever. ``os._exit``
-cannot hang, but it drops whatever is still buffered, so the flush sequence runs first,
-under a watchdog that exits anyway if a flush hangs.
+cannot hang, but it drops whatever is still buffered (it skips cleanup handlers and stdio
+flushing: https://docs.python.org/3/library/os.html#os._exit), so the flush sequence runs
+first, under a watchdog that exits anyway if a flush hangs.
 """
 
 from __future__ import annotations

@@ -23,11 +23,12 @@ Deadlock: a writer that holds the GIL while blocked in write(2) on a full pipe c
 rescued by a reader that needs the GIL (minrk/wurlitzer#20). The pipes are grown to 1 MiB
 with F_SETPIPE_SZ, and the reader loop does little with the GIL held.
 
-Stopping never closes an fd the reader may be blocked on (TRIO_NOTES B4 pitfall 3): fds
-1/2 are restored, then the reader is woken through the control pipe. It drains what is
+Stopping never closes an fd the reader may be blocked on (the blocked read would fail with
+EBADF, and the fd number could be reused under it): fds 1/2 are restored, then the reader
+is woken through the control pipe, as wurlitzer does. It drains what is
 buffered and exits at EOF. A child process that still holds a write end keeps the reader
 forwarding its output in the background until it exits, so the child neither hangs
-``stop()`` nor dies of SIGPIPE (B4 pitfall 2).
+``stop()`` nor dies of SIGPIPE (which closing the read end early would cause).
 """
 
 from __future__ import annotations

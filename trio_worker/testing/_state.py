@@ -14,7 +14,8 @@ use :class:`trio.lowlevel.ParkingLot`, the primitive under ``trio.Condition``: a
 checks its predicate and parks with no checkpoint in between, and every mutation calls
 ``unpark_all`` on the matching lot. Unlike a ``Condition`` this needs no lock, so plain
 sync methods such as :meth:`enqueue` can notify waiters, and a waiter never awaits an
-already-set event (the autojump pitfall in TRIO_NOTES B6).
+already-set event: awaiting one does not block, so under ``MockClock(autojump_threshold=0)``
+the loop never goes idle and virtual time never advances.
 
 Requeue rule (docs/protocol.md §2.7 leaves it to the platform)
 ------------------------------------------------------
