@@ -80,9 +80,12 @@ class PlatformClient:
         timings: Timings,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
+        open_stream: object | None = None,
     ) -> None:
         self.config = config
         self.timings = timings
+        # (host, port, tls) -> stream in place of TCP/TLS connects: wired by the http branch.
+        self.open_stream = open_stream
         headers = {"Authorization": config.api_key, "User-Agent": USER_AGENT}
         self.polls = make_backend(headers, transport=transport, max_connections=4)
         self._reports = make_backend(
