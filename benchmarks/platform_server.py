@@ -37,7 +37,8 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from trio_worker.testing import FakePlatform, serve_asgi
+from trio_worker.testing import FakePlatform
+from trio_worker.testing._http_server import serve_asgi
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, MutableMapping, Sequence

@@ -492,3 +492,20 @@ def test_settings_reject_bad_capture_mode() -> None:
 def test_settings_propagate_env_errors() -> None:
     with pytest.raises(ConfigurationError, match="RUNPOD_PING_INTERVAL"):
         Settings.from_environ(env(RUNPOD_PING_INTERVAL="abc"))
+
+
+def test_every_route_url_is_built_by_the_platform_config() -> None:
+    config = platform_from_env(
+        {
+            "RUNPOD_POD_ID": "w1",
+            "RUNPOD_WEBHOOK_GET_JOB": "https://api/v2/e/job-take/$ID?gpu=a",
+            "RUNPOD_WEBHOOK_POST_OUTPUT": "https://api/v2/e/job-done/$RUNPOD_POD_ID/$ID",
+        }
+    )
+    assert config.take_request_url(1, in_progress=True) == (
+        "https://api/v2/e/job-take/w1?gpu=a&job_in_progress=1"
+    )
+    assert config.take_request_url(3, in_progress=False) == (
+        "https://api/v2/e/job-take-batch/w1?gpu=a&batch_size=3&job_in_progress=0"
+    )
+    assert config.done_url("j", is_stream=True) == "https://api/v2/e/job-done/w1/j?isStream=true"

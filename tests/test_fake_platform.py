@@ -24,8 +24,8 @@ from trio_worker.testing import (
     FakePlatform,
     Fault,
     run_platform_server,
-    serve_asgi,
 )
+from trio_worker.testing._http_server import serve_asgi
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator

@@ -408,6 +408,27 @@ async def test_stream_closes_a_sync_source_when_abandoned_early() -> None:
     assert events == ["closed"]
 
 
+async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    release = threading.Event()
+
+    def gen() -> Generator[object, None, None]:
+        try:
+            yield from range(10)
+        finally:
+            release.wait(TIMEOUT)  # a cleanup that would hang
+
+    limiter, waits = fresh()
+    stream = Stream(gen(), limiter, waits, close_bound=2.5)
+    chunks = cast("AsyncGenerator[object, None]", aiter(stream))
+    async with contextlib.aclosing(chunks):
+        assert await anext(chunks) == 0
+        started = trio.current_time()
+    assert trio.current_time() - started == pytest.approx(2.5)
+    release.set()
+
+
 def test_stream_is_an_async_iterable() -> None:
     stream = Stream(iter([]), trio.CapacityLimiter(1), ThreadWaits())
     assert isinstance(aiter(stream), AsyncIterator)

@@ -178,3 +178,56 @@ def test_bad_log_level_names_its_source(flag: str) -> None:
         done = run(ECHO, "--test_input", '{"input": {}}', RUNPOD_LOG_LEVEL="LOUD")
     assert done.returncode == 1
     assert flag in done.stderr
+
+
+# --- one job path: local mode fails where the platform would ------------------------------
+
+
+def script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "w.py"
+    path.write_text("import os\nimport trio_worker\n" + body)
+    return path
+
+
+def test_a_non_json_chunk_fails_locally_as_on_the_platform(tmp_path: Path) -> None:
+    worker = script(
+        tmp_path,
+        "def h(job):\n    yield 'fine'\n    yield {1, 2}\ntrio_worker.start(h)\n",
+    )
+    done = run(worker, "--test_input", '{"input": 1}')
+    assert done.returncode == 1, done.stdout
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert lines[0] == {"stream": "fine"}
+    error = json.loads(str(lines[-1]["error"]))
+    assert error["error_type"] == "OutputNotSerializable"
+
+
+def test_an_error_chunk_is_redacted_locally_as_on_the_platform(tmp_path: Path) -> None:
+    from trio_worker._capture._redact import REDACTED
+
+    secret = "sk-local-0123456789abcdef"
+    # capture_logs="off": nothing but the job runner stands between the chunk and stdout.
+    worker = script(
+        tmp_path,
+        "def h(job):\n"
+        "    yield {'error': 'bad key ' + os.environ['RUNPOD_AI_API_KEY']}\n"
+        "trio_worker.start(h, capture_logs='off')\n",
+    )
+    done = run(worker, "--test_input", '{"input": 1}', RUNPOD_AI_API_KEY=secret)
+    assert done.returncode == 1
+    assert secret not in done.stdout
+    assert last_json(done.stdout) == {"error": f"bad key {REDACTED}"}
+
+
+def test_refresh_worker_marks_the_local_result_as_the_platform_sees_it(tmp_path: Path) -> None:
+    worker = script(tmp_path, "trio_worker.start(lambda job: 1, refresh_worker=True)\n")
+    done = run(worker, "--test_input", '{"input": 1}')
+    assert done.returncode == 0, done.stderr
+    assert last_json(done.stdout) == {"output": 1, "stopPod": True}
+
+
+def test_start_rejects_bad_arguments_in_local_mode_too(tmp_path: Path) -> None:
+    worker = script(tmp_path, "trio_worker.start(lambda job: 1, concurrency=0)\n")
+    done = run(worker, "--test_input", '{"input": 1}')
+    assert done.returncode == 1
+    assert "concurrency" in done.stderr

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +74,89 @@ async def test_serve_rejects_bad_arguments_before_anything_runs() -> None:
         await trio_worker.serve(handler, environ={}, capture_logs="off")
     with pytest.raises(trio_worker.ConfigurationError, match="capture_logs"):
         await trio_worker.serve(handler, environ=env, capture_logs="maybe")  # type: ignore[arg-type]
+
+
+def test_serve_carries_no_test_seams_and_testing_serve_has_them() -> None:
+    import trio_worker.testing
+
+    public = inspect.signature(trio_worker.serve).parameters
+    testing = inspect.signature(trio_worker.testing.serve).parameters
+    seams = {"open_stream", "transport", "heartbeat", "observers", "capture"}
+    assert not seams & set(public)
+    assert set(testing) == set(public) | seams
+    for name in public:
+        assert testing[name].default == public[name].default, name
+
+
+def test_error_types_in_payloads_are_importable() -> None:
+    # Payloads name them "trio_worker.MalformedJob" and "trio_worker.AsyncioUnderTrio".
+    from trio_worker import AsyncioUnderTrio, MalformedJob
+    from trio_worker._errors import error_type_name
+
+    assert error_type_name(MalformedJob("x")) == "trio_worker.MalformedJob"
+    assert error_type_name(AsyncioUnderTrio("x")) == "trio_worker.AsyncioUnderTrio"
+
+
+def test_internal_plumbing_is_not_exported() -> None:
+    assert "serve_asgi" not in trio_worker.testing.__all__
+    assert not {"Supervisor", "JobRunner", "Settings", "WorkerOptions"} & set(trio_worker.__all__)
+
+
+SECOND_SIGINT = """
+import functools, os, signal
+import trio, trio_worker
+from trio_worker.testing import FakePlatform, run_platform_server
+
+async def main():
+    platform = FakePlatform(take_hold=0.2, stop_hold=0.2)
+    async with run_platform_server(platform) as url:
+        platform.enqueue({})
+        running = trio.Event()
+
+        async def handler(job):
+            running.set()
+            await trio.sleep_forever()
+
+        async def worker(task_status):
+            try:
+                await trio_worker.serve(
+                    handler,
+                    environ=platform.worker_env(url),
+                    capture_logs="off",
+                    timings=trio_worker.Timings(shutdown_grace=60.0),
+                    task_status=task_status,
+                )
+            except BaseException as exc:
+                print("raised", type(exc).__name__, flush=True)
+                return
+            print("returned", flush=True)
+
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(worker)
+            with trio.fail_after(20):
+                await running.wait()
+                os.kill(os.getpid(), signal.SIGINT)
+                # trio merges a signal that arrives again before it is read: wait for the first.
+                while not handle.statistics()["shutting_down"]:
+                    await trio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+
+trio.run(main)
+"""
+
+
+def test_second_sigint_raises_a_plain_keyboard_interrupt_from_serve(tmp_path: Path) -> None:
+    script = tmp_path / "second_sigint.py"
+    script.write_text(SECOND_SIGINT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["raised", "KeyboardInterrupt"], done.stderr

@@ -19,6 +19,7 @@ from trio_worker._results import (
     output_error_body,
     result_body,
     stream_final_body,
+    with_stop_pod,
 )
 
 IDENTITY = WorkerIdentity(worker_id="w-1", hostname="host-1", sdk_version="0.1.0")
@@ -46,25 +47,28 @@ IDENTITY = WorkerIdentity(worker_id="w-1", hostname="host-1", sdk_version="0.1.0
     ],
 )
 def test_result_body_shapes(value: object, expected: dict[str, Any]) -> None:
-    assert result_body(value, refresh_worker=False) == expected
+    assert result_body(value) == expected
 
 
 @pytest.mark.parametrize("value", [{"error": "boom"}, {"a": 1}, {}, None, [1]])
-def test_config_refresh_worker_marks_every_result(value: object) -> None:
-    assert result_body(value, refresh_worker=True)["stopPod"] is True
+def test_stop_pod_marks_any_result(value: object) -> None:
+    # The runner marks every body this way under refresh_worker (tests/test_runner.py).
+    body = result_body(value)
+    assert with_stop_pod(body) is body
+    assert body["stopPod"] is True
 
 
 def test_the_users_dict_is_not_mutated() -> None:
     """Unlike the reference, which pops the keys from the returned dict itself."""
     cached = {"error": "x", "refresh_worker": True, "a": 1}
-    body = result_body(cached, refresh_worker=False)
+    body = result_body(cached)
     assert body == {"output": {"a": 1}, "error": "x", "stopPod": True}
     assert cached == {"error": "x", "refresh_worker": True, "a": 1}
 
 
 def test_no_copy_without_special_keys() -> None:
     value = {"a": 1}
-    assert result_body(value, refresh_worker=False)["output"] is value
+    assert result_body(value)["output"] is value
 
 
 def test_ambiguous_truthiness_counts_as_present() -> None:
@@ -73,7 +77,7 @@ def test_ambiguous_truthiness_counts_as_present() -> None:
             raise ValueError("The truth value of an array with more than one element is ambiguous")
 
     error = ArrayLike()
-    assert result_body({"error": error}, refresh_worker=False) == {"error": error}
+    assert result_body({"error": error}) == {"error": error}
 
 
 # --- streaming ---------------------------------------------------------------------------------
@@ -81,16 +85,11 @@ def test_ambiguous_truthiness_counts_as_present() -> None:
 
 def test_stream_final_body() -> None:
     chunks: list[object] = [1, {"t": "a"}]
-    assert stream_final_body(chunks, aggregate=True, refresh_worker=False) == {
-        "output": [1, {"t": "a"}]
-    }
-    assert stream_final_body(chunks, aggregate=False, refresh_worker=False) == {"output": []}
-    assert stream_final_body(None, aggregate=True, refresh_worker=False) == {"output": []}
-    assert stream_final_body([], aggregate=True, refresh_worker=True) == {
-        "output": [],
-        "stopPod": True,
-    }
-    aggregated = stream_final_body(chunks, aggregate=True, refresh_worker=False)["output"]
+    assert stream_final_body(chunks, aggregate=True) == {"output": [1, {"t": "a"}]}
+    assert stream_final_body(chunks, aggregate=False) == {"output": []}
+    assert stream_final_body(None, aggregate=True) == {"output": []}
+    assert stream_final_body([], aggregate=True) == {"output": []}
+    aggregated = stream_final_body(chunks, aggregate=True)["output"]
     assert aggregated is not chunks  # later appends by the caller do not change the body
 
 
@@ -121,7 +120,7 @@ def test_happy_path_walks_the_value_once() -> None:
             return super().items()
 
     value = CountingDict(a=1, b=[1, 2, 3])
-    encode_result(result_body(value, refresh_worker=False))
+    encode_result(result_body(value))
     assert CountingDict.items_calls == 1
 
 
@@ -260,9 +259,7 @@ def error_for(body: dict[str, Any], **kwargs: Any) -> ResultEncodingError:
 
 def test_output_error_body_shape() -> None:
     err = error_for({"output": {"image": b"x"}})
-    body = output_error_body(
-        err, category="unknown", identity=IDENTITY, redactor=Redactor([]), refresh_worker=False
-    )
+    body = output_error_body(err, category="unknown", identity=IDENTITY, redactor=Redactor([]))
     assert list(body) == ["error"]
     inner = json.loads(json.loads(encode_body(body))["error"])
     assert list(inner) == [
@@ -284,10 +281,11 @@ def test_output_error_body_shape() -> None:
 
 def test_output_error_body_too_large_and_refresh() -> None:
     err = error_for({"output": "z" * 100}, max_bytes=10)
-    body = output_error_body(
-        err, category="unknown", identity=IDENTITY, redactor=Redactor([]), refresh_worker=True
+    body = with_stop_pod(
+        output_error_body(err, category="unknown", identity=IDENTITY, redactor=Redactor([]))
     )
     assert body["stopPod"] is True
+    assert len(encode_body(body)) <= MAX_ERROR_BODY_BYTES
     inner = json.loads(body["error"])
     assert inner["error_type"] == "OutputTooLarge"
 
@@ -297,8 +295,8 @@ def test_output_error_body_is_redacted_and_bounded() -> None:
     err = ResultEncodingError(
         f"output[{secret!r}] is bytes" + "\x01" * 100_000, error_type="OutputNotSerializable"
     )
-    body = output_error_body(
-        err, category="unknown", identity=IDENTITY, redactor=Redactor([secret]), refresh_worker=True
+    body = with_stop_pod(
+        output_error_body(err, category="unknown", identity=IDENTITY, redactor=Redactor([secret]))
     )
     data = encode_body(body)
     assert len(data) <= MAX_ERROR_BODY_BYTES

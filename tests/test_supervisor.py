@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 import trio_worker
+import trio_worker.testing
 from trio_worker.testing import FakePlatform, Fault
 
 Handler = Callable[[dict[str, Any]], Any]
@@ -49,7 +50,7 @@ class Harness:
 
         async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
             try:
-                await trio_worker.serve(
+                await trio_worker.testing.serve(
                     handler,
                     environ=self.environ,
                     transport=self.transport,

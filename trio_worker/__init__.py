@@ -28,7 +28,9 @@ from ._exceptions import PlatformError as PlatformError
 from ._exceptions import RateLimited as RateLimited
 from ._exceptions import TrioWorkerError as TrioWorkerError
 from ._exceptions import WorkerInternalError as WorkerInternalError
+from ._handlers import AsyncioUnderTrio as AsyncioUnderTrio
 from ._handlers import check_cancelled as check_cancelled
+from ._runner import MalformedJob as MalformedJob
 from ._start import start as start
 from ._version import __version__ as __version__
 from ._worker import WorkerHandle as WorkerHandle
@@ -36,10 +38,12 @@ from ._worker import progress_update as progress_update
 from ._worker import serve as serve
 
 __all__ = [
+    "AsyncioUnderTrio",
     "ConfigurationError",
     "InitFailure",
     "InitTimeout",
     "InitializationError",
+    "MalformedJob",
     "PlatformError",
     "RateLimited",
     "Timings",

@@ -144,6 +144,15 @@ class PlatformConfig:
     def stream_url(self, job_id: str) -> str:
         return with_query(self.stream_template.replace("$ID", job_id), "isStream=false")
 
+    def take_request_url(self, count: int, *, in_progress: bool) -> str:
+        """The URL of one take for up to *count* jobs (docs/protocol.md §2.1)."""
+        flag = "1" if in_progress else "0"
+        if count == 1:
+            assert self.take_url is not None
+            return with_query(self.take_url, f"job_in_progress={flag}")
+        assert self.batch_take_url is not None
+        return with_query(self.batch_take_url, f"batch_size={count}&job_in_progress={flag}")
+
 
 @dataclasses.dataclass(frozen=True)
 class LocalArgs:

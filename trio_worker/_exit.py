@@ -16,10 +16,10 @@ import sys
 import threading
 from typing import TYPE_CHECKING, NoReturn
 
+from ._config import DEFAULT_EXIT_FLUSH_WATCHDOG
+
 if TYPE_CHECKING:
     from ._capture import OutputCapture
-
-FLUSH_WATCHDOG_SECONDS = 5.0
 
 
 def _flush_c_stdio() -> None:
@@ -42,9 +42,18 @@ def flush_all(capture: OutputCapture | None) -> None:
         capture.stop()
 
 
-def exit_process(status: int, capture: OutputCapture | None = None) -> NoReturn:
-    """Flush, then end the process with *status* whatever threads are still running."""
-    watchdog = threading.Timer(FLUSH_WATCHDOG_SECONDS, os._exit, args=(status,))
+def exit_process(
+    status: int,
+    capture: OutputCapture | None = None,
+    *,
+    watchdog_seconds: float = DEFAULT_EXIT_FLUSH_WATCHDOG,
+) -> NoReturn:
+    """Flush, then end the process with *status* whatever threads are still running.
+
+    A flush that hangs (a stuck pipe, a logging handler blocked on the network) gets
+    *watchdog_seconds* (``Timings.exit_flush_watchdog``) before the process ends anyway.
+    """
+    watchdog = threading.Timer(watchdog_seconds, os._exit, args=(status,))
     watchdog.daemon = True
     watchdog.start()
     try:

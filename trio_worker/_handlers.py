@@ -21,9 +21,9 @@ from typing import Any
 
 import trio
 
+from ._config import DEFAULT_SYNC_CLOSE_BOUND
+
 Handler = Callable[[dict[str, Any]], Any]
-# How long a sync generator's cleanup may take when a stream ends early.
-SYNC_CLOSE_BOUND = 5.0
 
 
 class HandlerKind(enum.Enum):
@@ -164,10 +164,13 @@ class Stream:
         source: Generator[Any, Any, Any] | Iterator[Any] | AsyncIterator[Any],
         limiter: trio.CapacityLimiter,
         waits: ThreadWaits,
+        *,
+        close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
     ) -> None:
         self._source = source
         self._limiter = limiter
         self._waits = waits
+        self._close_bound = close_bound  # Timings.sync_close_bound
 
     def __aiter__(self) -> AsyncGenerator[Any, None]:
         return self._chunks()
@@ -199,7 +202,7 @@ class Stream:
             if close is not None:
                 # Ended early (an error chunk, a stop): run the generator's own cleanup now,
                 # in a thread as its body ran, bounded so a stuck finally cannot hang us.
-                with trio.move_on_after(SYNC_CLOSE_BOUND, shield=True):
+                with trio.move_on_after(self._close_bound, shield=True):
                     await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
 
@@ -209,8 +212,11 @@ async def call_handler(
     job: dict[str, Any],
     limiter: trio.CapacityLimiter,
     waits: ThreadWaits,
+    *,
+    close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
 ) -> Any | Stream:
-    """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks.
+    """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks
+    (whose sync generator gets *close_bound* seconds for its cleanup when left early).
 
     Exceptions raised by the handler propagate unchanged.
     """
@@ -223,7 +229,7 @@ async def call_handler(
     if inspect.isawaitable(result):
         result = await _await(result)
     if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
-        return Stream(result, limiter, waits)
+        return Stream(result, limiter, waits, close_bound=close_bound)
     return result
 
 

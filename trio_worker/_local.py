@@ -1,9 +1,12 @@
 """Local modes (docs/design.md §10): ``--test_input`` and the local endpoint.
 
 ``--test_input`` runs the initializer under the same supervision (deadline, failure record)
-and then the handler once, printing the result as JSON. The local endpoint serves the
-Runpod endpoint API on localhost from the embedded platform, and the real worker loop takes
-from it over loopback HTTP, so a local run exercises the production code path.
+and then the job once through the queue worker's own :class:`~._runner.JobRunner`, whose
+chunks and final report are printed instead of posted: what the platform would reject
+(a non-JSON chunk, an oversized result) fails here too, and the same redaction and clipping
+apply. The local endpoint serves the Runpod endpoint API on localhost from the embedded
+platform, and the real worker loop takes from it over loopback HTTP, so a local run
+exercises the production code path.
 """
 
 from __future__ import annotations
@@ -17,22 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._capture import OutputCapture, install_python_stream_attribution, job_output, logs_for_job
-from ._categories import classify
-from ._config import CaptureMode, LocalArgs, Settings, Timings
-from ._errors import (
-    encode_body,
-    generator_error_body,
-    handler_error_body,
-)
+from ._capture import OutputCapture, install_python_stream_attribution
+from ._config import Settings
 from ._exceptions import InitializationError
-from ._handlers import Stream, ThreadWaits, call_handler, explain_backend, handler_kind
-from ._initializer import init_failure_report, run_initializer, validate_init_timeout
-from ._results import ResultEncodingError, encode_result, result_body, stream_final_body
-from ._runner import worker_identity
+from ._handlers import ThreadWaits
+from ._initializer import init_failure_report, run_initializer
+from ._lifecycle import HeldJob
+from ._runner import JobRunner, JobSpec, worker_identity
 
 if TYPE_CHECKING:
+    from ._config import LocalArgs
     from ._exceptions import InitFailure
+    from ._options import WorkerOptions
 
 log = logging.getLogger("trio_worker")
 LOCAL_JOB_ID = "local_test"
@@ -43,119 +42,73 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
+class StdoutChunks:
+    """The local stand-in for the job-stream route: each chunk as ``{"stream": chunk}``."""
+
+    async def send_chunk(self, job_id: str, body: bytes) -> None:
+        # The body is what the platform would get, {"output": chunk}, already encoded and
+        # checked; only its key changes for the terminal.
+        _print(json.dumps({"stream": json.loads(body)["output"]}))
+
+
 def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
     return init_failure_report(failure, worker_identity(settings), settings.redactor).decode()
 
 
-async def run_test_input(
-    kwargs: dict[str, Any], test_input: object, capture_logs: CaptureMode
-) -> int:
+async def run_test_input(options: WorkerOptions, test_input: object) -> int:
     """Run the initializer, then the handler once on *test_input*; the exit status."""
-    settings = Settings.from_environ(os.environ, capture_logs=capture_logs)
+    settings = Settings.from_environ(
+        os.environ, timings=options.timings, capture_logs=options.capture_logs
+    )
     capture = None
-    if capture_logs == "on":
+    if options.capture_logs == "on":
         capture = OutputCapture.install(redactor=settings.redactor)
         install_python_stream_attribution()
     try:
-        return await _run_once(kwargs, test_input, settings, capture)
+        return await _run_once(options, test_input, settings, capture)
     finally:
         if capture is not None:
             capture.stop()
 
 
 async def _run_once(
-    kwargs: dict[str, Any], test_input: object, settings: Settings, capture: OutputCapture | None
+    options: WorkerOptions, test_input: object, settings: Settings, capture: OutputCapture | None
 ) -> int:
-    job: dict[str, Any] = (
+    payload: dict[str, Any] = (
         dict(test_input) if isinstance(test_input, dict) else {"input": test_input}
     )
-    job_id = str(job.setdefault("id", LOCAL_JOB_ID))
-    initializer = kwargs.get("initializer")
-    if initializer is not None:
-        timeout = validate_init_timeout(kwargs.get("init_timeout"))
+    job = HeldJob(str(payload.setdefault("id", LOCAL_JOB_ID)), payload)
+    if options.initializer is not None:
         tail = capture.tail if capture is not None else (lambda limit=0: "")
         failure = await run_initializer(
-            initializer, timeout, lambda: tail(settings.logs_tail_chars)
+            options.initializer, options.init_timeout, lambda: tail(settings.logs_tail_chars)
         )
         if failure is not None:
             log.error("initializer failed: %s: %s", failure.error_type, failure.message)
             _print(_init_failure_text(failure, settings))
             return 1
-    handler = kwargs["handler"]
-    mark = capture.mark() if capture is not None else 0
-    with job_output(job_id) as output:
-        try:
-            result = await call_handler(
-                handler, handler_kind(handler), job, trio.CapacityLimiter(math.inf), ThreadWaits()
-            )
-            if isinstance(result, Stream):
-                return await _print_stream(result, kwargs, settings, capture, output, mark)
-        except Exception as raised:
-            exc = explain_backend(raised)
-            logs = logs_for_job(capture, output, mark, shared_process=False)
-            body = handler_error_body(
-                exc,
-                logs=logs,
-                category=classify(exc, logs),
-                identity=worker_identity(settings),
-                redactor=settings.redactor,
-            )
-            _print(encode_body(body).decode())
-            return 1
-    return _print_result(result_body(result, refresh_worker=False))
-
-
-def _print_result(body: dict[str, Any]) -> int:
-    try:
-        _print(encode_result(body).decode())
-    except ResultEncodingError as err:
-        log.error("handler output cannot be delivered: %s", err)
-        return 1
-    return 1 if "error" in body else 0
-
-
-async def _print_stream(
-    stream: Stream,
-    kwargs: dict[str, Any],
-    settings: Settings,
-    capture: OutputCapture | None,
-    output: Any,
-    mark: int,
-) -> int:
-    chunks: list[object] = []
-    try:
-        async for chunk in stream:
-            if isinstance(chunk, dict) and chunk.get("error"):
-                return _print_result({"error": str(chunk["error"])})
-            _print(json.dumps({"stream": chunk}, default=repr))
-            chunks.append(chunk)
-    except Exception as exc:
-        logs = logs_for_job(capture, output, mark, shared_process=False)
-        _print(
-            encode_body(generator_error_body(exc, logs=logs, redactor=settings.redactor)).decode()
-        )
-        return 1
-    aggregate = bool(kwargs.get("return_aggregate_stream"))
-    return _print_result(
-        stream_final_body(chunks if aggregate else None, aggregate=aggregate, refresh_worker=False)
+    runner = JobRunner(
+        JobSpec.from_options(options),
+        settings,
+        StdoutChunks(),
+        capture,
+        trio.CapacityLimiter(math.inf),
+        ThreadWaits(),
+        shared_process=lambda: False,
     )
+    report = await runner.run(job)
+    _print(report.body.decode())
+    # The platform fails a job whose report carries "error"; so does local mode.
+    return 1 if "error" in json.loads(report.body) else 0
 
 
-def run_dev_server(
-    kwargs: dict[str, Any],
-    args: LocalArgs,
-    *,
-    timings: Timings | None,
-    capture_logs: CaptureMode = "on",
-) -> int:
+def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     """Serve the endpoint API on ``--rp_api_host:--rp_api_port`` with a real worker behind it."""
-    return trio.run(_dev_server, kwargs, args, timings, capture_logs)
+    return trio.run(_dev_server, options, args)
 
 
-async def _dev_server(
-    kwargs: dict[str, Any], args: LocalArgs, timings: Timings | None, capture_logs: CaptureMode
-) -> int:
-    from ._worker import serve
+async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
+    from ._worker import run_worker
     from .testing._app import FakePlatform
     from .testing._http_server import serve_asgi
 
@@ -172,7 +125,7 @@ async def _dev_server(
         _print(f"trio_worker local endpoint: {base}")
         status = 0
         try:
-            await serve(**kwargs, environ=environ, timings=timings, capture_logs=capture_logs)
+            await run_worker(options, environ=environ)
         except InitializationError:
             status = 1
         finally:

@@ -70,14 +70,23 @@ class ResultEncodingError(Exception):
         self.path = path
 
 
-def result_body(value: object, *, refresh_worker: bool) -> dict[str, Any]:
+def with_stop_pod(body: dict[str, Any]) -> dict[str, Any]:
+    """*body* asking the platform to replace this worker after the job (``refresh_worker``).
+
+    The one place ``stopPod`` is written, whether the configuration or a result asked for it.
+    """
+    body["stopPod"] = True
+    return body
+
+
+def result_body(value: object) -> dict[str, Any]:
     """The job-done body for a non-streaming handler's return value (docs/protocol.md §3.2).
 
-    >>> result_body({"error": "x", "a": 1}, refresh_worker=False)
+    >>> result_body({"error": "x", "a": 1})
     {'output': {'a': 1}, 'error': 'x'}
-    >>> result_body({"refresh_worker": True}, refresh_worker=False)
+    >>> result_body({"refresh_worker": True})
     {'stopPod': True}
-    >>> result_body(None, refresh_worker=False)
+    >>> result_body(None)
     {'output': None}
     """
     body: dict[str, Any]
@@ -93,23 +102,16 @@ def result_body(value: object, *, refresh_worker: bool) -> dict[str, Any]:
         if _truthy(error):
             body["error"] = error
         if _truthy(refresh):
-            body["stopPod"] = True
+            with_stop_pod(body)
     else:
         body = {"output": value}
-    if refresh_worker:
-        body["stopPod"] = True
     return body
 
 
-def stream_final_body(
-    chunks: list[object] | None, *, aggregate: bool, refresh_worker: bool
-) -> dict[str, Any]:
+def stream_final_body(chunks: list[object] | None, *, aggregate: bool) -> dict[str, Any]:
     """The final job-done body of a streaming handler (docs/protocol.md §3.4): the chunks when
     ``return_aggregate_stream`` is set, otherwise ``{"output": []}``."""
-    body: dict[str, Any] = {"output": list(chunks) if aggregate and chunks else []}
-    if refresh_worker:
-        body["stopPod"] = True
-    return body
+    return {"output": list(chunks) if aggregate and chunks else []}
 
 
 def encode_result(body: dict[str, Any], *, max_bytes: int = MAX_RESULT_BYTES) -> bytes:
@@ -141,11 +143,10 @@ def output_error_body(
     category: str,
     identity: WorkerIdentity,
     redactor: Redactor,
-    refresh_worker: bool,
 ) -> dict[str, Any]:
     """The error reported on the job in place of a result that could not be posted, in the
     handler-error shape (``{"error": "<JSON string>"}``), bounded like every error body."""
-    body = json_error_body(
+    return json_error_body(
         error_type=err.error_type,
         message=str(err),
         traceback="",
@@ -154,9 +155,6 @@ def output_error_body(
         identity=identity,
         redactor=redactor,
     )
-    if refresh_worker:
-        body["stopPod"] = True
-    return body
 
 
 # --- internals -----------------------------------------------------------------------------

@@ -9,9 +9,10 @@ mid-stream all become a clear error on the job (docs/design.md §5).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -32,6 +33,7 @@ from ._handlers import (
     ThreadWaits,
     call_handler,
     explain_backend,
+    handler_kind,
     is_cancellation,
 )
 from ._results import (
@@ -40,6 +42,7 @@ from ._results import (
     output_error_body,
     result_body,
     stream_final_body,
+    with_stop_pod,
 )
 from ._version import __version__
 
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
 
     from ._config import Settings
     from ._lifecycle import HeldJob
+    from ._options import WorkerOptions
     from ._platform._client import PlatformClient
 
 log = logging.getLogger("trio_worker")
@@ -66,6 +70,49 @@ class JobSpec:
     return_aggregate_stream: bool
     refresh_worker: bool
 
+    @classmethod
+    def from_options(cls, options: WorkerOptions) -> JobSpec:
+        handler = options.handler
+        return cls(
+            handler, handler_kind(handler), options.return_aggregate_stream, options.refresh_worker
+        )
+
+
+@dataclass(frozen=True)
+class ProgressTarget:
+    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*."""
+
+    post: Callable[[str, bytes], None]
+    token: trio.lowlevel.TrioToken
+
+
+# Set in each job's task by JobRunner.run; a sync handler's thread sees it too, as
+# trio.to_thread copies the context. Two workers in one process never cross this way.
+current_progress: contextvars.ContextVar[ProgressTarget | None] = contextvars.ContextVar(
+    "trio_worker_progress", default=None
+)
+
+
+class ChunkSink(Protocol):
+    """Where a streaming job's chunks go, in order: the platform, or stdout in local mode."""
+
+    async def send_chunk(self, job_id: str, body: bytes) -> None: ...
+
+
+class PlatformChunks:
+    """Posts each chunk to the job-stream route, retried, within the report deadline."""
+
+    def __init__(self, client: PlatformClient, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+
+    async def send_chunk(self, job_id: str, body: bytes) -> None:
+        url = self.settings.platform.stream_url(job_id)
+        with trio.move_on_after(self.settings.timings.report_deadline):
+            outcome = await self.client.post_report(url, body, job_id=job_id)
+            if not outcome.delivered:
+                log.error("stream chunk for job %s not delivered: %s", job_id, outcome.last_error)
+
 
 @dataclass(frozen=True)
 class Report:
@@ -80,16 +127,18 @@ class JobRunner:
         self,
         spec: JobSpec,
         settings: Settings,
-        client: PlatformClient,
+        chunks: ChunkSink,
         capture: OutputCapture | None,
         limiter: trio.CapacityLimiter,
         waits: ThreadWaits,
         shared_process: Callable[[], bool],
+        progress: ProgressTarget | None = None,
     ) -> None:
         self.waits = waits
         self.spec = spec
         self.settings = settings
-        self.client = client
+        self.chunks = chunks
+        self.progress = progress
         self.capture = capture
         self.limiter = limiter
         self.shared_process = shared_process
@@ -99,10 +148,22 @@ class JobRunner:
         """Run the handler on *job*; trio.Cancelled (a stop, shutdown) propagates."""
         # No flush on the hot path: the flush happens when (and if) the logs are read.
         mark = self.capture.mark_nowait() if self.capture is not None else 0
+        reset = current_progress.set(self.progress)
+        try:
+            return await self._run(job, mark)
+        finally:
+            current_progress.reset(reset)
+
+    async def _run(self, job: HeldJob, mark: int) -> Report:
         with job_output(job.id) as output:
             try:
                 result = await call_handler(
-                    self.spec.handler, self.spec.kind, job.payload, self.limiter, self.waits
+                    self.spec.handler,
+                    self.spec.kind,
+                    job.payload,
+                    self.limiter,
+                    self.waits,
+                    close_bound=self.settings.timings.sync_close_bound,
                 )
                 if isinstance(result, Stream):
                     return await self._stream(job, result, output, mark)
@@ -153,35 +214,24 @@ class JobRunner:
         return Report(encode_body(self._with_refresh(body)), is_stream=False)
 
     def _with_refresh(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self.spec.refresh_worker:
-            body["stopPod"] = True
-        return body
+        return with_stop_pod(body) if self.spec.refresh_worker else body
 
     def _result(self, value: object) -> Report:
-        body = result_body(value, refresh_worker=self.spec.refresh_worker)
-        return Report(self._encode(body), is_stream=False)
+        return Report(self._encode(result_body(value)), is_stream=False)
 
     def _encode(self, body: dict[str, Any]) -> bytes:
         try:
-            return encode_result(body)
+            return encode_result(self._with_refresh(body))
         except ResultEncodingError as err:
             log.error("result not deliverable as is: %s", err)
-            return encode_body(
-                output_error_body(
-                    err,
-                    category="unknown",
-                    identity=self.identity,
-                    redactor=self.settings.redactor,
-                    refresh_worker=self.spec.refresh_worker,
-                )
-            )
+            return encode_body(self._with_refresh(self._chunk_error(err)))
 
     async def _stream(self, job: HeldJob, stream: Stream, output: JobOutput, mark: int) -> Report:
         aggregate: list[object] | None = [] if self.spec.return_aggregate_stream else None
         final: dict[str, Any] | None = None
         send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._post_chunks, job.id, receive)
+            nursery.start_soon(self._send_chunks, job.id, receive)
             # aclosing: a stream left early (error chunk, non-JSON chunk) runs the user's
             # cleanup now, not whenever the generator is garbage collected.
             chunks = aiter(stream)
@@ -208,9 +258,7 @@ class JobRunner:
                         explain_backend(exc), logs=logs, redactor=self.settings.redactor
                     )
         if final is None:
-            body = stream_final_body(
-                aggregate, aggregate=aggregate is not None, refresh_worker=self.spec.refresh_worker
-            )
+            body = stream_final_body(aggregate, aggregate=aggregate is not None)
             return Report(self._encode(body), is_stream=True)
         return Report(encode_body(self._with_refresh(final)), is_stream=True)
 
@@ -220,26 +268,15 @@ class JobRunner:
 
     def _chunk_error(self, err: ResultEncodingError) -> dict[str, Any]:
         return output_error_body(
-            err,
-            category="unknown",
-            identity=self.identity,
-            redactor=self.settings.redactor,
-            refresh_worker=False,
+            err, category="unknown", identity=self.identity, redactor=self.settings.redactor
         )
 
-    async def _post_chunks(self, job_id: str, receive: trio.MemoryReceiveChannel[bytes]) -> None:
-        url = self.settings.platform.stream_url(job_id)
+    async def _send_chunks(self, job_id: str, receive: trio.MemoryReceiveChannel[bytes]) -> None:
         async with receive:
             async for body in receive:
-                # Chunks go out in order, each retried; the generator runs ahead meanwhile
-                # (the reference waits for every POST before advancing: docs/protocol.md
-                # §8 item 15).
-                with trio.move_on_after(self.settings.timings.report_deadline):
-                    outcome = await self.client.post_report(url, body, job_id=job_id)
-                    if not outcome.delivered:
-                        log.error(
-                            "stream chunk for job %s not delivered: %s", job_id, outcome.last_error
-                        )
+                # Chunks go out in order; the generator runs ahead meanwhile (the reference
+                # waits for every POST before advancing: docs/protocol.md §8 item 15).
+                await self.chunks.send_chunk(job_id, body)
 
 
 class MalformedJob(ValueError):

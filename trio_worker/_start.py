@@ -11,11 +11,11 @@ failure, local failure, bad configuration).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -34,12 +34,15 @@ from ._config import (
 )
 from ._exceptions import ConfigurationError, InitializationError
 from ._exit import exit_process
+from ._options import worker_options
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
     from ._handlers import Handler
     from ._initializer import Initializer
+    from ._options import AsyncBackend, WorkerOptions
     from ._supervisor import Concurrency
-    from ._worker import AsyncBackend
 
 log = logging.getLogger("trio_worker")
 
@@ -68,28 +71,6 @@ def configure_logging(level: int, environ: Mapping[str, str]) -> None:
     logger.propagate = False
 
 
-def _from_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The reference's one-dict form: ``start({"handler": h, "concurrency_modifier": f})``."""
-    if "handler" not in config:
-        raise ConfigurationError("start({...}) needs a 'handler' key")
-    known = {
-        "handler",
-        "concurrency_modifier",
-        "return_aggregate_stream",
-        "refresh_worker",
-        "initializer",
-        "init_timeout",
-        "concurrency",
-    }
-    for key in config:
-        if key not in known:
-            log.warning("start(): ignoring unknown config key %r", key)
-    kwargs = {k: v for k, v in config.items() if k in known and k != "concurrency_modifier"}
-    if "concurrency_modifier" in config:
-        kwargs["concurrency"] = config["concurrency_modifier"]
-    return kwargs
-
-
 def start(
     handler: Handler | Mapping[str, Any],
     *,
@@ -103,55 +84,58 @@ def start(
     timings: Timings | None = None,
     argv: Sequence[str] | None = None,
 ) -> NoReturn:
-    """Run this process as a worker; never returns (see the module docstring for statuses)."""
-    kwargs: dict[str, Any] = {
-        "handler": handler,
-        "initializer": initializer,
-        "init_timeout": init_timeout,
-        "concurrency": concurrency,
-        "return_aggregate_stream": return_aggregate_stream,
-        "refresh_worker": refresh_worker,
-    }
+    """Run this process as a worker; never returns (see the module docstring for statuses).
+
+    *handler* may also be the reference's one dict,
+    ``{"handler": h, "concurrency_modifier": f, ...}``.
+    """
     capture: OutputCapture | None = None
+    leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process
     try:
-        if isinstance(handler, Mapping):
-            kwargs.update(_from_config_dict(handler))
         args = parse_cli(sys.argv[1:] if argv is None else argv)
         configure_logging(log_level_from(os.environ, args.log_level), os.environ)
-        _worker.validate_backend(async_backend)
+        options = worker_options(
+            handler,
+            initializer=initializer,
+            init_timeout=init_timeout,
+            concurrency=concurrency,
+            return_aggregate_stream=return_aggregate_stream,
+            refresh_worker=refresh_worker,
+            async_backend=async_backend,
+            capture_logs=capture_logs,
+            timings=timings,
+        )
+        leave = functools.partial(
+            exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
+        )
         if args.serve_api:
             from ._local import run_dev_server
 
-            exit_process(run_dev_server(kwargs, args, timings=timings, capture_logs=capture_logs))
+            leave(run_dev_server(options, args), None)
         if args.test_input is not None or not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
-            exit_process(_run_local(kwargs, args, capture_logs))
-        settings = Settings.from_environ(os.environ, timings=timings, capture_logs=capture_logs)
-        if capture_logs == "on":
+            leave(_run_local(options, args), None)
+        settings = Settings.from_environ(
+            os.environ, timings=options.timings, capture_logs=options.capture_logs
+        )
+        if options.capture_logs == "on":
             capture = OutputCapture.install(redactor=settings.redactor)
             install_python_stream_attribution()
-        _worker.on_second_interrupt = lambda: exit_process(130, capture)
+        _worker.on_second_interrupt = functools.partial(leave, 130, capture)
         log.info("worker starting: %s", _worker.describe_settings(settings))
-        trio.run(
-            lambda: _worker.serve(
-                **kwargs,
-                async_backend=async_backend,
-                capture_logs=capture_logs,
-                timings=timings,
-                capture=capture,
-            )
-        )
+        seams = _worker.Seams(capture=capture)
+        trio.run(functools.partial(_worker.run_worker, options, seams=seams))
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
-        exit_process(1, capture)
+        leave(1, capture)
     except InitializationError:
-        exit_process(1, capture)
+        leave(1, capture)
     except BaseException:
         log.exception("worker crashed")
-        exit_process(1, capture)
-    exit_process(0, capture)
+        leave(1, capture)
+    leave(0, capture)
 
 
-def _run_local(kwargs: dict[str, Any], args: LocalArgs, capture_logs: CaptureMode) -> int:
+def _run_local(options: WorkerOptions, args: LocalArgs) -> int:
     from ._local import run_test_input
 
     test_input = args.test_input
@@ -163,4 +147,4 @@ def _run_local(kwargs: dict[str, Any], args: LocalArgs, capture_logs: CaptureMod
             "to run as a queue worker"
         )
         return 1
-    return trio.run(run_test_input, kwargs, test_input, capture_logs)
+    return trio.run(run_test_input, options, test_input)

@@ -1,12 +1,14 @@
-"""The public entry points: ``serve()`` inside a trio run, ``start()`` for a whole process.
+"""``serve()``: the queue worker inside a trio run (``start()`` wraps it for a process).
 
 ``serve()`` keeps the nursery's ExceptionGroups inside: it returns after a shutdown, raises
-:class:`InitializationError` after an init failure has been reported, and raises
-:class:`WorkerInternalError` (chained from the group) if trio_worker itself has a bug.
+:class:`InitializationError` after an init failure has been reported, a plain
+KeyboardInterrupt on a second SIGINT, and :class:`WorkerInternalError` (chained from the
+group) if trio_worker itself has a bug.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -18,27 +20,29 @@ import trio
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
-from ._handlers import Handler, ThreadWaits, handler_kind
-from ._initializer import Initializer, validate_init_timeout
+from ._handlers import Handler, ThreadWaits
+from ._options import AsyncBackend, WorkerOptions, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
-from ._runner import JobRunner, JobSpec
+from ._runner import JobRunner, JobSpec, PlatformChunks, ProgressTarget, current_progress
 from ._supervisor import Concurrency, Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
     import httpx
 
+    from ._initializer import Initializer
     from ._lifecycle import TransitionHook
+
+    # (host, port, tls) -> an open stream; the http branch defines it in _platform._http.
+    StreamOpener = Callable[[str, int, bool], Awaitable[trio.abc.Stream]]
 
 log = logging.getLogger("trio_worker")
 
-AsyncBackend = Literal["trio", "asyncio"]
 HeartbeatMode = Literal["thread", "task", "off"]
 
-_active: list[tuple[Supervisor, trio.lowlevel.TrioToken]] = []
 # Set by start(): what a second SIGINT does (exit the process at once). serve() alone
 # raises KeyboardInterrupt instead.
 on_second_interrupt: Callable[[], None] | None = None
@@ -75,32 +79,15 @@ class WorkerHandle:
         return self._supervisor.statistics()
 
 
-def validate_concurrency(concurrency: Concurrency) -> Concurrency:
-    """Check *concurrency*: an int >= 1, or a callable ``f(current) -> int``.
+@dataclasses.dataclass(frozen=True)
+class Seams:
+    """What a test may put in place of production parts (``trio_worker.testing.serve``)."""
 
-    Raises:
-        ConfigurationError: for anything else.
-    """
-    if callable(concurrency):
-        return concurrency
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigurationError(
-            f"concurrency must be an int >= 1 or a callable, got {concurrency!r}"
-        )
-    return concurrency
-
-
-def validate_backend(async_backend: str) -> None:
-    """Raises ConfigurationError unless *async_backend* is one this release runs."""
-    if async_backend == "trio":
-        return
-    if async_backend == "asyncio":
-        raise ConfigurationError(
-            'async_backend="asyncio" is not available in this release of trio_worker; async '
-            "handlers run on trio. Use a sync handler (it runs in a thread, where asyncio.run "
-            "works) until the asyncio backend lands."
-        )
-    raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")
+    open_stream: StreamOpener | None = None  # (host, port, tls) -> stream, instead of TCP
+    transport: httpx.AsyncBaseTransport | None = None  # instead of the network, for httpx
+    heartbeat: HeartbeatMode = "thread"  # "task" runs on trio's clock; "off" sends none
+    observers: Iterable[TransitionHook] = ()  # called after every job state transition
+    capture: OutputCapture | None = None  # an installed capture, instead of our own
 
 
 async def serve(
@@ -115,11 +102,7 @@ async def serve(
     capture_logs: CaptureMode = "on",
     timings: Timings | None = None,
     environ: Mapping[str, str] | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
-    heartbeat: HeartbeatMode = "thread",
     handle_signals: bool = True,
-    observers: Iterable[TransitionHook] = (),
-    capture: OutputCapture | None = None,
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the worker inside the current trio run until it shuts down.
@@ -135,105 +118,83 @@ async def serve(
         capture_logs: "on" captures fds 1 and 2 for error reports; "off" does not.
         timings: the worker's internal timeouts (shutdown grace, report deadline, ...).
         environ: where to read ``RUNPOD_*`` from; ``os.environ`` by default.
-        transport: an httpx transport in place of the network (the in-process fake).
-        heartbeat: "thread" (production), "task" (on trio's clock, for virtual-time tests).
-        handle_signals: SIGTERM/SIGINT start a graceful shutdown.
-        observers: called after every job state transition (for tests).
-        capture: an already installed capture to use (``start()`` installs its own).
+        handle_signals: SIGTERM/SIGINT start a graceful shutdown; a second SIGINT raises
+            KeyboardInterrupt.
 
     Raises:
         ConfigurationError: a setting is invalid (before anything runs).
         InitializationError: the initializer failed; every held job has been failed.
-        WorkerInternalError: a bug in trio_worker.
+        KeyboardInterrupt: a second SIGINT arrived during the shutdown.
+        WorkerInternalError: a bug in trio_worker (chained from what the nursery raised).
     """
-    validate_backend(async_backend)
-    concurrency = validate_concurrency(concurrency)
-    init_timeout = validate_init_timeout(init_timeout)
-    if not callable(handler):
-        raise ConfigurationError(f"handler must be callable, got {handler!r}")
-    settings = Settings.from_environ(environ, timings=timings, capture_logs=capture_logs)
+    options = worker_options(
+        handler,
+        initializer=initializer,
+        init_timeout=init_timeout,
+        concurrency=concurrency,
+        return_aggregate_stream=return_aggregate_stream,
+        refresh_worker=refresh_worker,
+        async_backend=async_backend,
+        capture_logs=capture_logs,
+        timings=timings,
+    )
+    await run_worker(
+        options, environ=environ, handle_signals=handle_signals, task_status=task_status
+    )
+
+
+async def run_worker(
+    options: WorkerOptions,
+    *,
+    environ: Mapping[str, str] | None = None,
+    handle_signals: bool = True,
+    seams: Seams = Seams(),  # frozen: one shared default is safe
+    task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve` for options already checked, with the test seams (see ``serve``)."""
+    settings = Settings.from_environ(
+        environ, timings=options.timings, capture_logs=options.capture_logs
+    )
     if not settings.platform.queue_mode:
         raise ConfigurationError(
             "RUNPOD_WEBHOOK_GET_JOB is not set: serve() needs the platform's job-take URL "
             "(use --test_input or --rp_serve_api for local runs)"
         )
-    owns_capture = capture is None and capture_logs == "on"
+    capture = seams.capture if options.capture_logs == "on" else None
+    owns_capture = capture is None and options.capture_logs == "on"
     if owns_capture:
         capture = OutputCapture.install(redactor=settings.redactor)
         install_python_stream_attribution()
-    elif capture_logs == "off":
-        capture = None
     try:
-        await _serve(
-            handler,
-            settings,
-            capture,
-            initializer=initializer,
-            init_timeout=init_timeout,
-            concurrency=concurrency,
-            return_aggregate_stream=return_aggregate_stream,
-            refresh_worker=refresh_worker,
-            transport=transport,
-            heartbeat=heartbeat,
-            handle_signals=handle_signals,
-            observers=observers,
-            task_status=task_status,
-        )
+        await _serve(options, settings, capture, seams, handle_signals, task_status)
     finally:
         if owns_capture and capture is not None:
             capture.stop()
 
 
 async def _serve(
-    handler: Handler,
+    options: WorkerOptions,
     settings: Settings,
     capture: OutputCapture | None,
-    *,
-    initializer: Initializer | None,
-    init_timeout: float | None,
-    concurrency: Concurrency,
-    return_aggregate_stream: bool,
-    refresh_worker: bool,
-    transport: httpx.AsyncBaseTransport | None,
-    heartbeat: HeartbeatMode,
+    seams: Seams,
     handle_signals: bool,
-    observers: Iterable[TransitionHook],
     task_status: trio.TaskStatus[WorkerHandle],
 ) -> None:
-    client = PlatformClient(settings.platform, settings.timings, transport=transport)
-    waits = ThreadWaits()
-    spec = JobSpec(handler, handler_kind(handler), return_aggregate_stream, refresh_worker)
-    supervisor: Supervisor | None = None
-
-    def shared_process() -> bool:
-        return supervisor is not None and supervisor.concurrency > 1
-
-    # Capacity is the ledger's business; the limiter only lifts trio's default of 40 threads.
-    runner = JobRunner(
-        spec, settings, client, capture, trio.CapacityLimiter(math.inf), waits, shared_process
+    client = PlatformClient(
+        settings.platform,
+        settings.timings,
+        transport=seams.transport,
+        open_stream=seams.open_stream,
     )
-    supervisor = Supervisor(
-        settings=settings,
-        client=client,
-        runner=runner,
-        waits=waits,
-        initializer=initializer,
-        init_timeout=init_timeout,
-        concurrency=concurrency,
-        capture=capture,
-        refresh_worker=refresh_worker,
-        observers=observers,
-    )
-    pinger = _start_heartbeat_thread(settings, supervisor) if heartbeat == "thread" else None
+    supervisor = _build(options, settings, client, capture, seams.observers)
+    pinger = _start_heartbeat_thread(settings, supervisor) if seams.heartbeat == "thread" else None
     task_status.started(WorkerHandle(supervisor))
-    entry = (supervisor, trio.lowlevel.current_trio_token())
-    _active.append(entry)
-    failure: InitializationError | None = None
+    failure: BaseException | None = None
     try:
         async with trio.open_nursery() as outer:
             if handle_signals:
                 outer.start_soon(_watch_signals, supervisor)
-            if heartbeat == "task" and settings.platform.ping_url:
+            if seams.heartbeat == "task" and settings.platform.ping_url:
                 outer.start_soon(
                     heartbeat_task,
                     client.polls,
@@ -247,15 +208,90 @@ async def _serve(
                 failure = exc
             finally:
                 outer.cancel_scope.cancel()
-    except ExceptionGroup as group:
-        raise WorkerInternalError(f"trio_worker failed: {group!r}") from group
+    except BaseExceptionGroup as group:
+        # Raised below, outside this handler, so a leaf raised as itself does not get the
+        # group that holds it as its __context__.
+        failure = _outside(group)
     finally:
-        _active.remove(entry)
         if pinger is not None:
             pinger.stop()
         await client.aclose()
     if failure is not None:
         raise failure
+
+
+def _build(
+    options: WorkerOptions,
+    settings: Settings,
+    client: PlatformClient,
+    capture: OutputCapture | None,
+    observers: Iterable[TransitionHook],
+) -> Supervisor:
+    waits = ThreadWaits()
+    supervisor: Supervisor | None = None
+
+    def shared_process() -> bool:
+        return supervisor is not None and supervisor.concurrency > 1
+
+    def post_progress(job_id: str, body: bytes) -> None:
+        assert supervisor is not None
+        supervisor.spawn_progress(job_id, body)
+
+    progress = ProgressTarget(post_progress, trio.lowlevel.current_trio_token())
+    # Capacity is the ledger's business; the limiter only lifts trio's default of 40 threads.
+    runner = JobRunner(
+        JobSpec.from_options(options),
+        settings,
+        PlatformChunks(client, settings),
+        capture,
+        trio.CapacityLimiter(math.inf),
+        waits,
+        shared_process,
+        progress,
+    )
+    supervisor = Supervisor(
+        settings=settings,
+        client=client,
+        runner=runner,
+        waits=waits,
+        initializer=options.initializer,
+        init_timeout=options.init_timeout,
+        concurrency=options.concurrency,
+        capture=capture,
+        refresh_worker=options.refresh_worker,
+        observers=observers,
+    )
+    return supervisor
+
+
+def _outside(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception ``serve()``'s caller sees for what its nursery raised.
+
+    The nursery is an implementation detail, so no group leaves ``serve()``: a second
+    SIGINT is a plain KeyboardInterrupt, a cancellation from outside stays a Cancelled for
+    the caller's scope, one of our documented errors is itself, anything else is a bug.
+    """
+    outside: BaseException
+    interrupts, _ = group.split(KeyboardInterrupt)
+    leaves = list(_leaves(group))
+    if interrupts is not None:
+        outside = KeyboardInterrupt()
+    elif all(isinstance(leaf, trio.Cancelled) for leaf in leaves):
+        return leaves[0]
+    elif len(leaves) == 1 and isinstance(leaves[0], InitializationError | ConfigurationError):
+        return leaves[0]
+    else:
+        outside = WorkerInternalError(f"trio_worker failed: {group!r}")
+    outside.__cause__ = group
+    return outside
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def _start_heartbeat_thread(settings: Settings, supervisor: Supervisor) -> HeartbeatThread | None:
@@ -288,14 +324,16 @@ async def _watch_signals(supervisor: Supervisor) -> None:
 def progress_update(job: Mapping[str, Any], progress: object) -> None:
     """Send a non-terminal progress update for *job* (docs/protocol.md §3.5).
 
-    Callable from an async handler or from a sync handler's thread. Unlike the reference,
-    updates never arrive after the job's final result. Does nothing (with a warning) when no
-    worker is running, or when *progress* is not JSON-serializable.
+    Callable from an async handler or from a sync handler's thread (and from tasks and
+    threads they start). The update goes to the worker running the calling job, even with
+    several workers in one process. Unlike the reference, updates never arrive after the
+    job's final result. Does nothing (with a warning) outside a job, or when *progress* is
+    not JSON-serializable.
     """
-    if not _active:
-        log.warning("progress_update called with no worker running; ignored")
+    target = current_progress.get()
+    if target is None:
+        log.warning("progress_update called outside a job run by a worker; ignored")
         return
-    supervisor, token = _active[-1]
     job_id = str(job.get("id"))
     try:
         body = encode_result({"status": "IN_PROGRESS", "output": progress})
@@ -306,10 +344,10 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         current = trio.lowlevel.current_trio_token()
     except RuntimeError:
         current = None
-    if current is token:
-        supervisor.spawn_progress(job_id, body)
+    if current is target.token:
+        target.post(job_id, body)
     else:
-        token.run_sync_soon(supervisor.spawn_progress, job_id, body)
+        target.token.run_sync_soon(target.post, job_id, body)
 
 
 def describe_settings(settings: Settings) -> str:

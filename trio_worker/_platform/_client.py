@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
-from .._config import with_query
 from .._exceptions import PlatformError, RateLimited
 from .._version import __version__
 from ._http import HttpResponse, make_backend
@@ -80,9 +79,12 @@ class PlatformClient:
         timings: Timings,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
+        open_stream: object | None = None,
     ) -> None:
         self.config = config
         self.timings = timings
+        # (host, port, tls) -> stream in place of TCP/TLS connects: wired by the http branch.
+        self.open_stream = open_stream
         headers = {"Authorization": config.api_key, "User-Agent": USER_AGENT}
         self.polls = make_backend(headers, transport=transport, max_connections=4)
         self._reports = make_backend(
@@ -97,12 +99,8 @@ class PlatformClient:
     # -- take -----------------------------------------------------------------------------
 
     def take_url(self, count: int, *, in_progress: bool) -> str:
-        flag = "1" if in_progress else "0"
-        if count == 1:
-            assert self.config.take_url is not None
-            return with_query(self.config.take_url, f"job_in_progress={flag}")
-        assert self.config.batch_take_url is not None
-        return with_query(self.config.batch_take_url, f"batch_size={count}&job_in_progress={flag}")
+        # URLs are built in one place, PlatformConfig.
+        return self.config.take_request_url(count, in_progress=in_progress)
 
     async def take(self, count: int, *, in_progress: bool) -> TakeResponse:
         """One take long-poll for up to *count* jobs.

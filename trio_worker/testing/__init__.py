@@ -12,13 +12,16 @@ it in-process through ``httpx.ASGITransport`` (virtual time under
         with trio.fail_after(10):
             job = await platform.wait_for_status(job_id)
 
+:func:`serve` is :func:`trio_worker.serve` with the seams a test needs (an in-process
+transport, a heartbeat on trio's clock, transition observers, a capture of its own).
+
 ``python -m trio_worker.testing --port 0 --preload N`` runs it as its own process.
 """
 
 from __future__ import annotations
 
 from ._app import FakePlatform
-from ._http_server import ServerThread, run_server_in_thread, serve_asgi
+from ._http_server import ServerThread, run_server_in_thread
 from ._records import (
     TERMINAL_STATUSES,
     Fault,
@@ -30,6 +33,7 @@ from ._records import (
 )
 from ._routes import ConnectionDropped
 from ._server import run_platform_server
+from ._worker import serve
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -44,7 +48,7 @@ __all__ = [
     "ServerThread",
     "run_platform_server",
     "run_server_in_thread",
-    "serve_asgi",
+    "serve",
 ]
 
 # Public names report the module users import them from (as trio and httpx do).

@@ -1,0 +1,128 @@
+"""serve()'s contract around its nursery: progress updates find their own worker, and no
+exception group leaves serve()."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import trio_worker
+import trio_worker.testing
+from trio_worker._worker import _outside
+from trio_worker.testing import FakePlatform
+
+
+async def start_worker(
+    nursery: trio.Nursery, platform: FakePlatform, handler: Any, worker_id: str
+) -> trio_worker.WorkerHandle:
+    handle: trio_worker.WorkerHandle = await nursery.start(
+        functools.partial(
+            trio_worker.testing.serve,
+            handler,
+            environ=platform.worker_env("http://platform", worker_id=worker_id),
+            transport=httpx.ASGITransport(app=platform),
+            heartbeat="task",
+            handle_signals=False,
+            capture_logs="off",
+        )
+    )
+    return handle
+
+
+async def test_two_workers_in_one_run_each_get_their_own_progress(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    def sync_handler(job: dict[str, Any]) -> str:
+        trio_worker.progress_update(job, {"worker": "sync"})
+        return "ok"
+
+    async def async_handler(job: dict[str, Any]) -> str:
+        trio_worker.progress_update(job, {"worker": "async"})
+        await trio.to_thread.run_sync(trio_worker.progress_update, job, {"thread": "async"})
+        return "ok"
+
+    first, second = FakePlatform(take_hold=5.0), FakePlatform(take_hold=5.0)
+    await start_worker(nursery, first, sync_handler, "w1")
+    await start_worker(nursery, second, async_handler, "w2")
+    one, two = first.enqueue({}), second.enqueue({})
+    with trio.fail_after(60):
+        done_one = await first.wait_for_status(one, "COMPLETED")
+        done_two = await second.wait_for_status(two, "COMPLETED")
+    assert done_one.progress == [{"worker": "sync"}]
+    assert done_two.progress == [{"worker": "async"}, {"thread": "async"}]
+    nursery.cancel_scope.cancel()
+
+
+def test_progress_update_outside_a_job_warns_and_does_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    trio_worker.progress_update({"id": "j1"}, 50)
+    assert "outside a job" in caplog.text
+
+
+async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
+    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    platform = FakePlatform(take_hold=5.0)
+    await start_worker(nursery, platform, lambda job: "ok", "w1")
+    # A worker is running, but this task is no job of it: the update has nowhere to go.
+    trio_worker.progress_update({"id": "j1"}, 50)
+    assert "outside a job" in caplog.text
+    nursery.cancel_scope.cancel()
+
+
+# --- what leaves serve() ------------------------------------------------------------------
+
+
+def test_a_keyboard_interrupt_anywhere_in_the_group_leaves_as_a_plain_one() -> None:
+    group = BaseExceptionGroup("nursery", [ValueError("x"), KeyboardInterrupt()])
+    outside = _outside(group)
+    assert type(outside) is KeyboardInterrupt
+    assert outside.__cause__ is group
+
+
+def test_a_single_documented_error_leaves_as_itself() -> None:
+    error = trio_worker.ConfigurationError("bad")
+    assert _outside(BaseExceptionGroup("nursery", [ExceptionGroup("inner", [error])])) is error
+
+
+def test_anything_else_is_a_worker_internal_error_chained_from_the_group() -> None:
+    group = ExceptionGroup("nursery", [ValueError("x"), TypeError("y")])
+    outside = _outside(group)
+    assert isinstance(outside, trio_worker.WorkerInternalError)
+    assert outside.__cause__ is group
+
+
+async def test_a_cancellation_from_outside_reaches_the_callers_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    platform = FakePlatform(take_hold=5.0)
+    with trio.move_on_after(3.0) as scope:
+        await trio_worker.testing.serve(
+            lambda job: "ok",
+            environ=platform.worker_env("http://platform"),
+            transport=httpx.ASGITransport(app=platform),
+            heartbeat="task",
+            handle_signals=False,
+            capture_logs="off",
+        )
+    assert scope.cancelled_caught
+
+
+async def test_testing_serve_rejects_an_unknown_heartbeat_mode() -> None:
+    with pytest.raises(trio_worker.ConfigurationError, match="heartbeat"):
+        await trio_worker.testing.serve(
+            lambda job: "ok",
+            environ={"RUNPOD_WEBHOOK_GET_JOB": "http://platform/job-take/$ID"},
+            heartbeat="sometimes",  # type: ignore[arg-type]
+        )

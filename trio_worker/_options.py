@@ -1,0 +1,141 @@
+"""What the user asked for: one value object, validated once, whatever the entry point.
+
+``start()``, ``serve()``, ``--test_input`` and ``--rp_serve_api`` all build a
+:class:`WorkerOptions` through :func:`worker_options`, so an argument is checked in exactly
+one place and reaches the job runner as one typed value instead of a dict of keywords.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._config import CaptureMode, Timings
+from ._exceptions import ConfigurationError
+from ._initializer import validate_init_timeout
+
+if TYPE_CHECKING:
+    from ._handlers import Handler
+    from ._initializer import Initializer
+    from ._supervisor import Concurrency
+
+log = logging.getLogger("trio_worker")
+
+AsyncBackend = Literal["trio", "asyncio"]
+
+# The reference's one-dict form: ``start({"handler": h, "concurrency_modifier": f})``.
+_CONFIG_KEYS = frozenset(
+    {
+        "handler",
+        "concurrency_modifier",
+        "return_aggregate_stream",
+        "refresh_worker",
+        "initializer",
+        "init_timeout",
+        "concurrency",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """The worker as the user configured it; build it with :func:`worker_options`."""
+
+    handler: Handler
+    initializer: Initializer | None = None
+    init_timeout: float | None = None
+    concurrency: Concurrency = 1
+    return_aggregate_stream: bool = False
+    refresh_worker: bool = False
+    async_backend: AsyncBackend = "trio"
+    capture_logs: CaptureMode = "on"
+    timings: Timings = dataclasses.field(default_factory=Timings)
+
+
+def worker_options(
+    handler: Handler | Mapping[str, Any],
+    *,
+    initializer: Initializer | None = None,
+    init_timeout: float | None = None,
+    concurrency: Concurrency = 1,
+    return_aggregate_stream: bool = False,
+    refresh_worker: bool = False,
+    async_backend: AsyncBackend = "trio",
+    capture_logs: CaptureMode = "on",
+    timings: Timings | None = None,
+) -> WorkerOptions:
+    """Check every argument and bundle them; *handler* may be the reference's one dict.
+
+    Raises:
+        ConfigurationError: for the first argument the worker cannot use.
+    """
+    if isinstance(handler, Mapping):
+        config = _from_config_dict(handler)
+        handler = config.pop("handler")
+        initializer = config.get("initializer", initializer)
+        init_timeout = config.get("init_timeout", init_timeout)
+        concurrency = config.get("concurrency", concurrency)
+        return_aggregate_stream = config.get("return_aggregate_stream", return_aggregate_stream)
+        refresh_worker = config.get("refresh_worker", refresh_worker)
+    if not callable(handler):
+        raise ConfigurationError(f"handler must be callable, got {handler!r}")
+    if initializer is not None and not callable(initializer):
+        raise ConfigurationError(f"initializer must be callable or None, got {initializer!r}")
+    validate_backend(async_backend)
+    if capture_logs not in ("on", "off"):
+        raise ConfigurationError(f"capture_logs must be 'on' or 'off', got {capture_logs!r}")
+    if timings is not None and not isinstance(timings, Timings):
+        raise ConfigurationError(f"timings must be a trio_worker.Timings, got {timings!r}")
+    return WorkerOptions(
+        handler=handler,
+        initializer=initializer,
+        init_timeout=validate_init_timeout(init_timeout),
+        concurrency=validate_concurrency(concurrency),
+        return_aggregate_stream=bool(return_aggregate_stream),
+        refresh_worker=bool(refresh_worker),
+        async_backend=async_backend,
+        capture_logs=capture_logs,
+        timings=timings or Timings(),
+    )
+
+
+def _from_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+    if "handler" not in config:
+        raise ConfigurationError("start({...}) needs a 'handler' key")
+    for key in config:
+        if key not in _CONFIG_KEYS:
+            log.warning("start(): ignoring unknown config key %r", key)
+    known = {k: v for k, v in config.items() if k in _CONFIG_KEYS and k != "concurrency_modifier"}
+    if "concurrency_modifier" in config:
+        known["concurrency"] = config["concurrency_modifier"]
+    return known
+
+
+def validate_concurrency(concurrency: Concurrency) -> Concurrency:
+    """Check *concurrency*: an int >= 1, or a callable ``f(current) -> int``.
+
+    Raises:
+        ConfigurationError: for anything else.
+    """
+    if callable(concurrency):
+        return concurrency
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigurationError(
+            f"concurrency must be an int >= 1 or a callable, got {concurrency!r}"
+        )
+    return concurrency
+
+
+def validate_backend(async_backend: str) -> None:
+    """Raises ConfigurationError unless *async_backend* is one this release runs."""
+    if async_backend == "trio":
+        return
+    if async_backend == "asyncio":
+        raise ConfigurationError(
+            'async_backend="asyncio" is not available in this release of trio_worker; async '
+            "handlers run on trio. Use a sync handler (it runs in a thread, where asyncio.run "
+            "works) until the asyncio backend lands."
+        )
+    raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")

@@ -1,0 +1,91 @@
+"""``trio_worker.testing.serve``: the real worker with its test seams exposed.
+
+The public :func:`trio_worker.serve` takes only what a deployment needs; a test also wants
+the platform in process (an httpx transport, or a stream opener for the lean client), a
+heartbeat on trio's clock, observers of every job transition, and a capture it installed
+itself. Same worker, same checks, same contract.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._exceptions import ConfigurationError
+from .._options import AsyncBackend, worker_options
+from .._worker import HeartbeatMode, Seams, WorkerHandle, run_worker
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    import httpx
+
+    from .._capture import OutputCapture
+    from .._config import CaptureMode, Timings
+    from .._handlers import Handler
+    from .._initializer import Initializer
+    from .._lifecycle import TransitionHook
+    from .._supervisor import Concurrency
+    from .._worker import StreamOpener
+
+
+async def serve(
+    handler: Handler,
+    *,
+    initializer: Initializer | None = None,
+    init_timeout: float | None = None,
+    concurrency: Concurrency = 1,
+    return_aggregate_stream: bool = False,
+    refresh_worker: bool = False,
+    async_backend: AsyncBackend = "trio",
+    capture_logs: CaptureMode = "on",
+    timings: Timings | None = None,
+    environ: Mapping[str, str] | None = None,
+    handle_signals: bool = True,
+    open_stream: StreamOpener | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    heartbeat: HeartbeatMode = "thread",
+    observers: Iterable[TransitionHook] = (),
+    capture: OutputCapture | None = None,
+    task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`trio_worker.serve`, plus the seams a test needs.
+
+    Args:
+        open_stream: ``(host, port, tls) -> stream`` used instead of TCP/TLS connects.
+        transport: an httpx transport in place of the network (the in-process fake).
+        heartbeat: "thread" (production), "task" (on trio's clock, for virtual time), "off".
+        observers: called after every job state transition.
+        capture: an already installed capture to use instead of installing one.
+
+    Raises:
+        Whatever :func:`trio_worker.serve` raises.
+    """
+    if heartbeat not in ("thread", "task", "off"):
+        raise ConfigurationError(f"heartbeat must be 'thread', 'task' or 'off', got {heartbeat!r}")
+    options = worker_options(
+        handler,
+        initializer=initializer,
+        init_timeout=init_timeout,
+        concurrency=concurrency,
+        return_aggregate_stream=return_aggregate_stream,
+        refresh_worker=refresh_worker,
+        async_backend=async_backend,
+        capture_logs=capture_logs,
+        timings=timings,
+    )
+    seams = Seams(
+        open_stream=open_stream,
+        transport=transport,
+        heartbeat=heartbeat,
+        observers=tuple(observers),
+        capture=capture,
+    )
+    await run_worker(
+        options,
+        environ=environ,
+        handle_signals=handle_signals,
+        seams=seams,
+        task_status=task_status,
+    )
