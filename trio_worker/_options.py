@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._config import CaptureMode, Timings
@@ -19,7 +19,9 @@ from ._initializer import validate_init_timeout
 if TYPE_CHECKING:
     from ._handlers import Handler
     from ._initializer import Initializer
-    from ._supervisor import Concurrency
+
+# An int, or the reference's concurrency_modifier: f(current) -> wanted.
+Concurrency = int | Callable[[int], int]
 
 log = logging.getLogger("trio_worker")
 

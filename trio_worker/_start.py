@@ -41,8 +41,7 @@ if TYPE_CHECKING:
 
     from ._handlers import Handler
     from ._initializer import Initializer
-    from ._options import AsyncBackend, WorkerOptions
-    from ._supervisor import Concurrency
+    from ._options import AsyncBackend, Concurrency, WorkerOptions
 
 log = logging.getLogger("trio_worker")
 

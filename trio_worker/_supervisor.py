@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -41,10 +40,13 @@ from ._lifecycle import JobEvent, JobState, Ledger, TransitionHook
 from ._platform._client import backoff_delay
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable
+
     from ._capture import OutputCapture
     from ._config import Settings
     from ._handlers import ThreadWaits
     from ._lifecycle import HeldJob
+    from ._options import Concurrency
     from ._platform._client import PlatformClient
     from ._platform._wire import TakeResponse
     from ._runner import JobRunner, Report
@@ -61,7 +63,6 @@ def _drain(receive: trio.MemoryReceiveChannel[HeldJob]) -> list[HeldJob]:
             return jobs
 
 
-Concurrency = int | Callable[[int], int]
 _WAITING = (JobState.TAKEN, JobState.WAITING_FOR_INIT)
 _STOPPABLE = (JobState.TAKEN, JobState.WAITING_FOR_INIT, JobState.RUNNING)
 # A stop for an id not (yet) held is remembered this long: the take that delivers it may

@@ -21,12 +21,12 @@ from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
-from ._options import AsyncBackend, WorkerOptions, worker_options
+from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
 from ._runner import JobRunner, JobSpec, PlatformChunks, ProgressTarget, current_progress
-from ._supervisor import Concurrency, Supervisor
+from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping

@@ -634,7 +634,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
         code.generator if scn.handler == "async_generator" else code.handler
     )
     serve = functools.partial(
-        trio_worker.serve,
+        trio_worker.testing.serve,
         handler,
         initializer=None if scn.init.outcome == "none" else code.initializer,
         init_timeout=scn.init.timeout,

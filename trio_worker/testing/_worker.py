@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .._handlers import Handler
     from .._initializer import Initializer
     from .._lifecycle import TransitionHook
-    from .._supervisor import Concurrency
+    from .._options import Concurrency
     from .._worker import StreamOpener
 
 
