@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import httpx
 
     from ._lifecycle import TransitionHook
+    from ._platform._http import BackendWrapper, StreamOpener
 
 log = logging.getLogger("trio_worker")
 
@@ -116,6 +117,8 @@ async def serve(
     timings: Timings | None = None,
     environ: Mapping[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    open_stream: StreamOpener | None = None,
+    wrap_backend: BackendWrapper | None = None,
     heartbeat: HeartbeatMode = "thread",
     handle_signals: bool = True,
     observers: Iterable[TransitionHook] = (),
@@ -136,6 +139,8 @@ async def serve(
         timings: the worker's internal timeouts (shutdown grace, report deadline, ...).
         environ: where to read ``RUNPOD_*`` from; ``os.environ`` by default.
         transport: an httpx transport in place of the network (the in-process fake).
+        open_stream: the lean client's connect, replaced (in-memory streams to the fake).
+        wrap_backend: wraps the platform client's HTTP backends (to record requests).
         heartbeat: "thread" (production), "task" (on trio's clock, for virtual-time tests).
         handle_signals: SIGTERM/SIGINT start a graceful shutdown.
         observers: called after every job state transition (for tests).
@@ -174,6 +179,8 @@ async def serve(
             return_aggregate_stream=return_aggregate_stream,
             refresh_worker=refresh_worker,
             transport=transport,
+            open_stream=open_stream,
+            wrap_backend=wrap_backend,
             heartbeat=heartbeat,
             handle_signals=handle_signals,
             observers=observers,
@@ -195,12 +202,20 @@ async def _serve(
     return_aggregate_stream: bool,
     refresh_worker: bool,
     transport: httpx.AsyncBaseTransport | None,
+    open_stream: StreamOpener | None,
+    wrap_backend: BackendWrapper | None,
     heartbeat: HeartbeatMode,
     handle_signals: bool,
     observers: Iterable[TransitionHook],
     task_status: trio.TaskStatus[WorkerHandle],
 ) -> None:
-    client = PlatformClient(settings.platform, settings.timings, transport=transport)
+    client = PlatformClient(
+        settings.platform,
+        settings.timings,
+        transport=transport,
+        open_stream=open_stream,
+        wrap_backend=wrap_backend,
+    )
     waits = ThreadWaits()
     spec = JobSpec(handler, handler_kind(handler), return_aggregate_stream, refresh_worker)
     supervisor: Supervisor | None = None

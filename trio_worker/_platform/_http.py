@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 from urllib.parse import urlsplit
 

@@ -152,7 +152,7 @@ class _Exchange:
             return {"type": "http.disconnect"}
         # A pipelined next request: keep it for the next cycle. Reading further would
         # buffer without bound, and the client is evidently still there.
-        self.conn.receive_data(data)
+        self.conn.receive_data(bytes(data))
         await trio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -177,7 +177,7 @@ class _Exchange:
                     # but for the app it is simply a client that went away.
                     self.disconnected = True
                     return {"type": "http.disconnect"}
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
             elif type(event) is h11.Data:
                 chunks.append(event.data)
             elif type(event) is h11.EndOfMessage:
@@ -294,7 +294,7 @@ class _Server:
                 data = await stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
-            conn.receive_data(data)
+            conn.receive_data(bytes(data))
 
     async def _run_app(
         self,
@@ -400,7 +400,7 @@ async def _drain_request_body(conn: h11.Connection, stream: trio.abc.Stream) -> 
             if not data:
                 return False
             drained += len(data)
-            conn.receive_data(data)
+            conn.receive_data(bytes(data))
     return True
 
 
