@@ -188,6 +188,7 @@ class Recorder:
     draw_error: BaseException | None = None
     wall_start: float = field(default_factory=time.monotonic)
     concurrency_calls: int = 0
+    connections: list[ChaosStream] = field(default_factory=list)  # the client's, as opened
 
     def tick(self) -> tuple[int, float]:
         return next(self.seq), trio.current_time()
@@ -323,6 +324,7 @@ class ChaosStream(trio.abc.Stream):
 
     def __init__(self, inner: trio.abc.Stream) -> None:
         self._inner = inner
+        self.closed = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         chaos = _CHAOS.get()
@@ -345,14 +347,16 @@ class ChaosStream(trio.abc.Stream):
         return data
 
     async def aclose(self) -> None:
+        self.closed = True
         await self._inner.aclose()
 
 
 class ChaosOpener:
     """The in-memory network's connect, failing or hanging as the request's step says."""
 
-    def __init__(self, inner: StreamOpener) -> None:
+    def __init__(self, inner: StreamOpener, rec: Recorder) -> None:
         self._inner = inner
+        self._rec = rec
 
     async def __call__(self, host: str, port: int, tls: bool) -> trio.abc.Stream:
         chaos = _CHAOS.get()
@@ -362,7 +366,9 @@ class ChaosOpener:
                 raise ConnectionRefusedError(errno.ECONNREFUSED, "injected: connection refused")
             if chaos.step.pre_error == "connect_timeout":
                 await trio.sleep_forever()  # the client's connect_timeout ends it
-        return ChaosStream(await self._inner(host, port, tls))
+        stream = ChaosStream(await self._inner(host, port, tls))
+        self._rec.connections.append(stream)
+        return stream
 
 
 class RecordingBackend:
@@ -735,7 +741,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
             async def worker(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
                 try:
                     await serve(
-                        open_stream=ChaosOpener(opener),
+                        open_stream=ChaosOpener(opener, rec),
                         task_status=RecordingStatus(task_status, rec),
                     )
                 except Exception as exc:
@@ -1354,6 +1360,15 @@ def check_shutdown(run: Run) -> list[str]:
     return out
 
 
+def check_connections(run: Run) -> list[str]:
+    """The worker's HTTP client closed every connection it opened by the time ``serve``
+    returned: a cancelled or failed request closes its own, the pool the idle ones."""
+    left = [c for c in run.rec.connections if not c.closed]
+    if not left:
+        return []
+    return [f"{len(left)} of {len(run.rec.connections)} connections left open by the client"]
+
+
 CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "ended": check_run_ended,
     "platform": check_platform,
@@ -1371,6 +1386,7 @@ CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "stops": check_stops,
     "results": check_results,
     "shutdown": check_shutdown,
+    "connections": check_connections,
 }
 
 
