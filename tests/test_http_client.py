@@ -800,7 +800,7 @@ async def test_close_after_interim_answer_on_reused_connection_is_not_retried(
 # --------------------------------------------------------------------------------------
 
 
-async def test_connection_refused_is_connect_error(client: LeanHttp) -> None:
+async def test_connection_refused_is_transport_error(client: LeanHttp) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     await listeners[0].aclose()
@@ -824,7 +824,7 @@ async def test_connect_timeout_is_transport_error() -> None:
     "url",
     ["ftp://127.0.0.1/x", "ws://127.0.0.1/x", "127.0.0.1:80/x", "/relative", "http:///nohost"],
 )
-async def test_unsupported_url_is_unsupported_protocol(client: LeanHttp, url: str) -> None:
+async def test_unsupported_url_is_transport_error(client: LeanHttp, url: str) -> None:
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="cannot request"):
         await client.request("GET", url)
 
@@ -851,7 +851,7 @@ PROTOCOL_ERRORS = {
 
 
 @pytest.mark.parametrize("wire", list(PROTOCOL_ERRORS.values()), ids=list(PROTOCOL_ERRORS))
-async def test_malformed_response_is_remote_protocol_error(
+async def test_malformed_response_is_transport_error(
     server: Server, client: LeanHttp, wire: bytes
 ) -> None:
     server.reply(wire)
@@ -879,7 +879,7 @@ CUT_SHORT = {
 
 
 @pytest.mark.parametrize("wire", list(CUT_SHORT.values()), ids=list(CUT_SHORT))
-async def test_server_closing_early_on_fresh_connection_is_remote_protocol_error(
+async def test_server_closing_early_on_fresh_connection_is_transport_error(
     server: Server, client: LeanHttp, wire: bytes
 ) -> None:
     server.reply(wire, then="close")
@@ -914,7 +914,7 @@ async def test_server_closing_early_on_reused_connection_after_bytes_is_not_retr
     ],
     ids=["before answer", "mid head", "mid body"],
 )
-async def test_reset_on_fresh_connection_is_read_error(
+async def test_reset_on_fresh_connection_is_transport_error(
     server: Server, client: LeanHttp, wire: bytes
 ) -> None:
     server.reply(wire, then="reset", pause=0.005)
@@ -924,9 +924,7 @@ async def test_reset_on_fresh_connection_is_read_error(
     assert len(server.requests) == 1
 
 
-async def test_unbounded_response_head_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_unbounded_response_head_is_transport_error(server: Server, client: LeanHttp) -> None:
     # A head that never ends: the client gives up past the limit instead of buffering.
     server.reply(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 8192))
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="too large"):
@@ -935,9 +933,7 @@ async def test_unbounded_response_head_is_remote_protocol_error(
         await server.peers[0].client_closed.wait()
 
 
-async def test_huge_response_head_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_huge_response_head_is_transport_error(server: Server, client: LeanHttp) -> None:
     big = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (1 << 20) + b"\r\n\r\n"
     server.reply(big)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="too large"):
@@ -965,17 +961,13 @@ async def test_response_head_under_limit_is_accepted(server: Server, client: Lea
     assert answer.headers["x-pad"] == pad.decode()
 
 
-async def test_negative_content_length_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_negative_content_length_is_transport_error(server: Server, client: LeanHttp) -> None:
     server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nabc", then="close")
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("GET", server.url("/neg"))
 
 
-async def test_negative_chunk_size_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_negative_chunk_size_is_transport_error(server: Server, client: LeanHttp) -> None:
     server.reply(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n\r\n0\r\n\r\n", then="close"
     )
@@ -1086,7 +1078,9 @@ async def test_aclose_closes_idle_connections(server: Server) -> None:
     assert_no_resource_warning()
 
 
-async def test_aclose_is_shielded_and_client_usable_afterwards(server: Server) -> None:
+async def test_aclose_closes_even_when_cancelled_and_client_usable_afterwards(
+    server: Server,
+) -> None:
     server.reply(response(b"one"))
     server.reply(response(b"two"))
     lean = LeanHttp({})

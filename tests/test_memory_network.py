@@ -53,11 +53,16 @@ class Counting:
 
     def __init__(self, inner: StreamOpener) -> None:
         self.inner = inner
-        self.opened = 0
+        self.streams: list[trio.abc.Stream] = []
+
+    @property
+    def opened(self) -> int:
+        return len(self.streams)
 
     async def __call__(self, host: str, port: int, tls: bool) -> trio.abc.Stream:
-        self.opened += 1
-        return await self.inner(host, port, tls)
+        stream = await self.inner(host, port, tls)
+        self.streams.append(stream)
+        return stream
 
 
 async def test_a_request_over_memory_streams(autojump_clock: trio.testing.MockClock) -> None:
@@ -153,3 +158,21 @@ async def test_the_platform_client_takes_a_job_from_the_fake_platform(
         await client.aclose()
     assert [job["id"] for job in taken.jobs] == [job_id]
     assert empty.jobs == []
+
+
+async def test_aclose_closes_every_idle_connection_even_when_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with memory_network(App()) as opener:
+        counting = Counting(opener)
+        client = LeanHttp({}, open_stream=counting)
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # at once: three connections, all pooled afterwards
+                nursery.start_soon(client.request, "GET", "http://platform.test/slow")
+        assert counting.opened == 3
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await client.aclose()
+        for stream in counting.streams:
+            with pytest.raises(trio.ClosedResourceError):
+                await stream.send_all(b"GET / HTTP/1.1\r\n\r\n")

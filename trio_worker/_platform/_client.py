@@ -103,8 +103,11 @@ class PlatformClient:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
 
     async def aclose(self) -> None:
-        with trio.CancelScope(shield=True):
+        # Each backend closes its own connections even when cancelled; this only makes
+        # sure the second is closed when closing the first raised.
+        try:
             await self.polls.aclose()
+        finally:
             await self._reports.aclose()
 
     # -- take -----------------------------------------------------------------------------

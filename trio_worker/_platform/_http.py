@@ -151,10 +151,7 @@ class LeanHttp:
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}
-        with trio.CancelScope(shield=True):
-            for connections in idle.values():
-                for connection in connections:
-                    await trio.aclose_forcefully(connection.stream)
+        await _close_all([c.stream for connections in idle.values() for c in connections])
 
     def _origin(self, scheme_netloc: str, url: str) -> _Origin:
         origin = self._origins.get(scheme_netloc)
@@ -200,22 +197,24 @@ class LeanHttp:
             connection = await self._connection(origin)
             try:
                 response, reusable = await self._exchange(connection, method, message)
+            # aclose_forcefully closes the stream even when cancelled (it only raises
+            # afterwards), so no connection outlives a cancelled or failed request and
+            # none needs a shield.
             except _StaleConnection:
                 # The server closed it while it sat idle; nothing was processed, so the
                 # request goes again on a fresh connection.
-                with trio.CancelScope(shield=True):
-                    await trio.aclose_forcefully(connection.stream)
+                await trio.aclose_forcefully(connection.stream)
                 continue
             except BaseException:
-                with trio.CancelScope(shield=True):
-                    await trio.aclose_forcefully(connection.stream)
+                await trio.aclose_forcefully(connection.stream)
                 raise
             if reusable:
                 connection.reused = True
                 self._idle.setdefault(origin, []).append(connection)
             else:
-                with trio.CancelScope(shield=True):
-                    await trio.aclose_forcefully(connection.stream)
+                # A cancellation pending here loses the answer, as it would have one
+                # checkpoint earlier while its last bytes were read.
+                await trio.aclose_forcefully(connection.stream)
             return response
 
     async def _connection(self, origin: _Origin) -> _Connection:
@@ -344,6 +343,17 @@ class LeanHttp:
         line = bytes(connection.buffer[:end]).decode("latin-1")
         del connection.buffer[: end + 2]
         return line
+
+
+async def _close_all(streams: list[trio.abc.Stream]) -> None:
+    """Close every stream, even when cancelled part-way: each close still happens, and
+    the cancellation is raised once they all have."""
+    for index, stream in enumerate(streams):
+        try:
+            await trio.aclose_forcefully(stream)
+        except BaseException:
+            await _close_all(streams[index + 1 :])
+            raise
 
 
 def make_backend(
