@@ -222,6 +222,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         required=False,
     ),
     Mutation(
+        "failed-request-leaks-connection",
+        "_http.py LeanHttp.request: a failed or cancelled request leaves its connection open",
+        (
+            Patch(
+                "trio_worker/_platform/_http.py",
+                "            except BaseException:\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                raise",
+                "            except BaseException:\n                raise",
+            ),
+        ),
+        required=False,
+    ),
+    Mutation(
         "shutdown-waits-on-take",
         "_supervisor.py request_shutdown: the take in flight is not shortened",
         (
