@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
+from .._config import DEFAULT_CONNECT_TIMEOUT
 from .._exceptions import TransportError
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 RECEIVE_SIZE = 65536
 MAX_HEADER_BYTES = 64 * 1024
-DEFAULT_CONNECT_TIMEOUT = 10.0
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 
