@@ -15,6 +15,8 @@ Usage::
 
     python scripts/mutation_check.py                 # all mutations, then the table
     python scripts/mutation_check.py --only capacity-off-by-one
+    python scripts/mutation_check.py --list --shields # one per shield=True in the package
+    python scripts/mutation_check.py --only shield:_platform/_http.py:203:request
     python scripts/mutation_check.py --jobs 2        # run two pytest processes at once
     python scripts/mutation_check.py --markdown      # the table as Markdown
 
@@ -52,11 +54,16 @@ IGNORE = shutil.ignore_patterns(
 
 @dataclasses.dataclass(frozen=True)
 class Patch:
-    """Replace *old* (which must occur exactly once) by *new* in *path*."""
+    """Replace *old* (which must occur exactly once) by *new* in *path*.
+
+    With *line*, only that line (1-based) is searched: for a string that occurs in many
+    places, such as ``shield=True``, the one occurrence meant.
+    """
 
     path: str
     old: str
     new: str
+    line: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +108,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "                if 200 <= status < 300:\n"
                 "                    return ReportOutcome(True, attempt + 1)",
                 "                if 200 <= status < 300:\n"
-                "                    await self._post(url, body)\n"
+                '                    await self._reports.request("POST", url, body)\n'
                 "                    return ReportOutcome(True, attempt + 1)",
             ),
         ),
@@ -215,6 +222,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         required=False,
     ),
     Mutation(
+        "failed-request-leaks-connection",
+        "_http.py LeanHttp.request: a failed or cancelled request leaves its connection open",
+        (
+            Patch(
+                "trio_worker/_platform/_http.py",
+                "            except BaseException:\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                raise",
+                "            except BaseException:\n                raise",
+            ),
+        ),
+        required=False,
+    ),
+    Mutation(
         "shutdown-waits-on-take",
         "_supervisor.py request_shutdown: the take in flight is not shortened",
         (
@@ -228,6 +249,39 @@ MUTATIONS: tuple[Mutation, ...] = (
         required=False,
     ),
 )
+
+
+_DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)", re.MULTILINE)
+
+
+def shield_mutations(root: Path = REPO) -> tuple[Mutation, ...]:
+    """One mutation per ``shield=True`` in the package: that one becomes ``shield=False``.
+
+    Every cancellation shield must be load-bearing: removing any one of them must make the
+    property suite fail (otherwise the shield goes). Found by scanning the source, so a new
+    shield is checked without editing this script; named ``shield:<file>:<line>:<function>``.
+    """
+    found = []
+    for path in sorted((root / "trio_worker").rglob("*.py")):
+        text = path.read_text()
+        relative = path.relative_to(root).as_posix()
+        for match in re.finditer(r"\bshield=True\b", text):
+            line = text.count("\n", 0, match.start()) + 1
+            functions = [m.group(1) for m in _DEF.finditer(text, 0, match.start())]
+            function = functions[-1] if functions else "<module>"
+            short = relative.removeprefix("trio_worker/")
+            found.append(
+                Mutation(
+                    f"shield:{short}:{line}:{function}",
+                    f"{short} {function}: the shield=True at line {line} becomes shield=False",
+                    (Patch(relative, "shield=True", "shield=False", line=line),),
+                )
+            )
+    return tuple(found)
+
+
+def all_mutations() -> tuple[Mutation, ...]:
+    return MUTATIONS + shield_mutations()
 
 
 @dataclasses.dataclass
@@ -246,13 +300,20 @@ def apply(root: Path, patches: tuple[Patch, ...]) -> None:
     for patch in patches:
         target = root / patch.path
         text = target.read_text()
-        count = text.count(patch.old)
+        start, end = 0, len(text)
+        if patch.line is not None:
+            lines = text.splitlines(keepends=True)
+            start = sum(len(line) for line in lines[: patch.line - 1])
+            end = start + (len(lines[patch.line - 1]) if patch.line <= len(lines) else 0)
+        count = text.count(patch.old, start, end)
         if count != 1:
+            where = patch.path if patch.line is None else f"{patch.path}:{patch.line}"
             raise SystemExit(
-                f"mutation anchor found {count} times (need exactly 1) in {patch.path}:\n"
+                f"mutation anchor found {count} times (need exactly 1) in {where}:\n"
                 f"{patch.old}\n-- the source changed: update scripts/mutation_check.py"
             )
-        target.write_text(text.replace(patch.old, patch.new))
+        at = text.index(patch.old, start, end)
+        target.write_text(text[:at] + patch.new + text[at + len(patch.old) :])
 
 
 def run_suite(mutation: Mutation | None, extra: list[str]) -> Outcome:
@@ -325,8 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", help="run only this mutation (repeatable)")
     parser.add_argument(
-        "--required", action="store_true", help="only the six required bugs, not the extras"
+        "--required",
+        action="store_true",
+        help="only the required bugs (the six, and every shield), not the extras",
     )
+    parser.add_argument("--shields", action="store_true", help="only the shield removals")
+    parser.add_argument("--list", action="store_true", help="print the mutation names and exit")
     parser.add_argument("--jobs", type=int, default=1, help="pytest processes at once")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
@@ -334,10 +399,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
 
-    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    mutations = all_mutations()
+    chosen = [m for m in mutations if not args.only or m.name in args.only]
     if args.required:
         chosen = [m for m in chosen if m.required]
-    unknown = set(args.only or ()) - {m.name for m in MUTATIONS}
+    if args.shields:
+        chosen = [m for m in chosen if m.name.startswith("shield:")]
+    if args.list:
+        for mutation in chosen:
+            print(f"{mutation.name}\t{mutation.bug}")
+        return 0
+    unknown = set(args.only or ()) - {m.name for m in mutations}
     if unknown:
         parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
     # Every anchor is checked before anything runs, so a stale one fails in a second.

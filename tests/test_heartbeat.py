@@ -235,6 +235,29 @@ def test_failed_pings_are_logged_and_the_loop_goes_on(caplog: pytest.LogCaptureF
     assert pinger.sent == 0
 
 
+class Flaky(Held):
+    """Held ids whose first reads raise: a failure that is no httpx error at all."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__("a")
+        self.failures = failures
+
+    def __call__(self) -> tuple[str, ...]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("snapshot unavailable")
+        return self.ids
+
+
+def test_any_ping_failure_is_logged_and_the_loop_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    with PingServer() as server, pinging(server.url, Flaky(2)):
+        pings = server.wait_for(lambda pings: len(pings) >= 1)
+    failures = [r for r in caplog.records if "ping failed: RuntimeError" in r.getMessage()]
+    assert len(failures) == 2
+    assert pings[0].job_ids == "a"
+
+
 QUERY_BUG = (
     "BUG: the ping drops the query string of the RUNPOD_WEBHOOK_PING template (e.g. "
     "'?gpu=A100'): httpx's params= replaces the URL's query instead of merging as the "
@@ -303,6 +326,25 @@ async def test_heartbeat_task_survives_failed_pings(
     assert [t - start for t in times] == [0.0, 1.0, 2.0, 3.0, 4.0]
     failures = [r for r in caplog.records if "ping failed" in r.getMessage()]
     assert len(failures) == 2
+
+
+async def test_heartbeat_task_survives_any_exception_in_a_ping(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    times: list[float] = []
+
+    async def platform(request: httpx.Request) -> httpx.Response:
+        times.append(trio.current_time())
+        return httpx.Response(200)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
+        start = trio.current_time()
+        with trio.move_on_after(2.5):
+            await heartbeat_task(HttpxHttp(client), "http://p.test/ping", 1.0, Flaky(1))
+    assert [t - start for t in times] == [1.0, 2.0]
+    failures = [r for r in caplog.records if "ping failed: RuntimeError" in r.getMessage()]
+    assert len(failures) == 1
 
 
 async def test_heartbeat_task_keeps_the_ping_templates_query(

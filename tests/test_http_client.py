@@ -23,7 +23,7 @@ import httpx
 import pytest
 import trio
 
-import trio_worker._platform._http as http_module
+from trio_worker import TransportError
 from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
     HttpResponse,
@@ -756,7 +756,7 @@ async def test_fresh_connection_closed_before_answer_is_not_retried(
     server: Server, client: LeanHttp
 ) -> None:
     server.reply(then="close")
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("POST", server.url("/x"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 1
@@ -775,7 +775,7 @@ async def test_reset_after_response_head_on_reused_connection_is_not_retried(
             answer: HttpResponse | None = await client.request(
                 "POST", server.url("/done"), b"result"
             )
-        except (httpx.ReadError, httpx.RemoteProtocolError):
+        except TransportError:
             answer = None
     posts = [r for r in server.requests if r.method == "POST"]
     assert len(posts) == 1, f"POST delivered {len(posts)} times; answer {answer}"
@@ -790,36 +790,33 @@ async def test_close_after_interim_answer_on_reused_connection_is_not_retried(
     server.reply(response(b"duplicate"))
     with trio.fail_after(TIMEOUT):
         await client.request("GET", server.url("/1"))
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(TransportError):
             await client.request("POST", server.url("/done"), b"result")
     assert len([r for r in server.requests if r.method == "POST"]) == 1
 
 
 # --------------------------------------------------------------------------------------
-# Errors map to httpx exceptions
+# Errors map to TransportError
 # --------------------------------------------------------------------------------------
 
 
-async def test_connection_refused_is_connect_error(client: LeanHttp) -> None:
+async def test_connection_refused_is_transport_error(client: LeanHttp) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     await listeners[0].aclose()
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.ConnectError) as caught:
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="cannot connect") as caught:
         await client.request("GET", f"http://127.0.0.1:{port}/x")
     assert isinstance(caught.value.__cause__, OSError)
     assert f"127.0.0.1:{port}" in str(caught.value)
 
 
-async def test_connect_timeout_is_connect_timeout(
-    client: LeanHttp, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async def never(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+async def test_connect_timeout_is_transport_error() -> None:
+    async def never(host: str, port: int, tls: bool) -> trio.abc.Stream:
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(http_module, "CONNECT_TIMEOUT", 0.005)
-    monkeypatch.setattr(trio, "open_tcp_stream", never)
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.ConnectTimeout):
+    client = LeanHttp({}, open_stream=never, connect_timeout=0.005)
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="timed out"):
         await client.request("GET", "http://192.0.2.1:81/x")
 
 
@@ -827,14 +824,14 @@ async def test_connect_timeout_is_connect_timeout(
     "url",
     ["ftp://127.0.0.1/x", "ws://127.0.0.1/x", "127.0.0.1:80/x", "/relative", "http:///nohost"],
 )
-async def test_unsupported_url_is_unsupported_protocol(client: LeanHttp, url: str) -> None:
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.UnsupportedProtocol):
+async def test_unsupported_url_is_transport_error(client: LeanHttp, url: str) -> None:
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="cannot request"):
         await client.request("GET", url)
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:notaport/x", "http://127.0.0.1:99999/x"])
-async def test_invalid_port_raises_httpx_exception(client: LeanHttp, url: str) -> None:
-    with trio.fail_after(TIMEOUT), pytest.raises((httpx.InvalidURL, httpx.HTTPError)):
+async def test_invalid_port_raises_transport_error(client: LeanHttp, url: str) -> None:
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("GET", url)
 
 
@@ -854,13 +851,13 @@ PROTOCOL_ERRORS = {
 
 
 @pytest.mark.parametrize("wire", list(PROTOCOL_ERRORS.values()), ids=list(PROTOCOL_ERRORS))
-async def test_malformed_response_is_remote_protocol_error(
+async def test_malformed_response_is_transport_error(
     server: Server, client: LeanHttp, wire: bytes
 ) -> None:
     server.reply(wire)
     server.reply(response(b"fresh"))
     with trio.fail_after(TIMEOUT):
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(TransportError):
             await client.request("GET", server.url("/bad"))
         # The broken connection was closed, not pooled: the next request gets a new one.
         await server.peers[0].client_closed.wait()
@@ -882,11 +879,11 @@ CUT_SHORT = {
 
 
 @pytest.mark.parametrize("wire", list(CUT_SHORT.values()), ids=list(CUT_SHORT))
-async def test_server_closing_early_on_fresh_connection_is_remote_protocol_error(
+async def test_server_closing_early_on_fresh_connection_is_transport_error(
     server: Server, client: LeanHttp, wire: bytes
 ) -> None:
     server.reply(wire, then="close")
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("POST", server.url("/x"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 1  # not retried
@@ -902,7 +899,7 @@ async def test_server_closing_early_on_reused_connection_after_bytes_is_not_retr
     server.reply(wire, then="close")
     with trio.fail_after(TIMEOUT):
         await client.request("GET", server.url("/1"))
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(TransportError):
             await client.request("POST", server.url("/2"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 2
@@ -917,33 +914,29 @@ async def test_server_closing_early_on_reused_connection_after_bytes_is_not_retr
     ],
     ids=["before answer", "mid head", "mid body"],
 )
-async def test_reset_on_fresh_connection_is_read_error(
+async def test_reset_on_fresh_connection_is_transport_error(
     server: Server, client: LeanHttp, wire: bytes
 ) -> None:
     server.reply(wire, then="reset", pause=0.005)
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.ReadError):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="connection lost"):
         await client.request("POST", server.url("/x"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 1
 
 
-async def test_unbounded_response_head_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_unbounded_response_head_is_transport_error(server: Server, client: LeanHttp) -> None:
     # A head that never ends: the client gives up past the limit instead of buffering.
     server.reply(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 8192))
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError, match="too large"):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="too large"):
         await client.request("GET", server.url("/big"))
     with trio.fail_after(TIMEOUT):
         await server.peers[0].client_closed.wait()
 
 
-async def test_huge_response_head_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_huge_response_head_is_transport_error(server: Server, client: LeanHttp) -> None:
     big = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (1 << 20) + b"\r\n\r\n"
     server.reply(big)
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError, match="too large"):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="too large"):
         await client.request("GET", server.url("/big"))
 
 
@@ -955,7 +948,7 @@ async def test_response_head_just_over_limit_is_rejected(server: Server, client:
     assert head_size > MAX_HEADER_BYTES + 16
     # The first 64 KiB, a pause (the client drains them), then the rest.
     server.reply(wire[:MAX_HEADER_BYTES], wire[MAX_HEADER_BYTES:], pause=0.005)
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("GET", server.url("/big"))
 
 
@@ -968,21 +961,17 @@ async def test_response_head_under_limit_is_accepted(server: Server, client: Lea
     assert answer.headers["x-pad"] == pad.decode()
 
 
-async def test_negative_content_length_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_negative_content_length_is_transport_error(server: Server, client: LeanHttp) -> None:
     server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nabc", then="close")
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("GET", server.url("/neg"))
 
 
-async def test_negative_chunk_size_is_remote_protocol_error(
-    server: Server, client: LeanHttp
-) -> None:
+async def test_negative_chunk_size_is_transport_error(server: Server, client: LeanHttp) -> None:
     server.reply(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n\r\n0\r\n\r\n", then="close"
     )
-    with trio.fail_after(TIMEOUT), pytest.raises(httpx.RemoteProtocolError):
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
         await client.request("GET", server.url("/neg"))
 
 
@@ -1089,7 +1078,9 @@ async def test_aclose_closes_idle_connections(server: Server) -> None:
     assert_no_resource_warning()
 
 
-async def test_aclose_is_shielded_and_client_usable_afterwards(server: Server) -> None:
+async def test_aclose_closes_even_when_cancelled_and_client_usable_afterwards(
+    server: Server,
+) -> None:
     server.reply(response(b"one"))
     server.reply(response(b"two"))
     lean = LeanHttp({})
@@ -1203,14 +1194,28 @@ async def test_httpx_streamed_body_in_chunks() -> None:
     assert (answer.status, answer.body) == (500, b"abcdef")
 
 
-async def test_httpx_transport_errors_propagate() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [httpx.ConnectError("refused"), httpx.ReadTimeout("slow"), httpx.RemoteProtocolError("bad")],
+)
+async def test_httpx_transport_errors_become_transport_error(error: httpx.HTTPError) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+        raise error
 
     backend = mock_backend(handler)
     try:
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(TransportError, match=type(error).__name__) as caught:
             await backend.request("GET", "http://platform.test/x")
+    finally:
+        await backend.aclose()
+    assert caught.value.__cause__ is error
+
+
+async def test_httpx_bad_url_is_transport_error() -> None:
+    backend = mock_backend(lambda request: httpx.Response(200))
+    try:
+        with pytest.raises(TransportError):
+            await backend.request("GET", "http://platform.test:notaport/x")
     finally:
         await backend.aclose()
 

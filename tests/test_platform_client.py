@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from trio_worker._config import Timings, platform_from_env
-from trio_worker._exceptions import PlatformError, RateLimited
+from trio_worker._exceptions import PlatformError, RateLimited, TransportError
 from trio_worker._platform._client import (
     REPORT_CONTENT_TYPE,
     USER_AGENT,
@@ -212,10 +212,10 @@ async def test_other_statuses_raise_platform_error(status: int) -> None:
     assert str(status) in str(info.value)
 
 
-async def test_take_transport_errors_propagate() -> None:
+async def test_take_transport_errors_are_transport_error() -> None:
     fake = FakePlatform([httpx.ConnectError("refused")])
     async with client_for(fake) as client:
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(TransportError, match="ConnectError"):
             await client.take(1, in_progress=False)
 
 
@@ -502,7 +502,7 @@ async def test_poll_stop_429_and_errors() -> None:
             await client.poll_stop()
         with pytest.raises(PlatformError) as failed:
             await client.poll_stop()
-        with pytest.raises(httpx.ConnectError):
+        with pytest.raises(TransportError, match="ConnectError"):
             await client.poll_stop()
     assert limited.value.retry_after == 2.0
     assert limited.value.route == "stop"
@@ -519,3 +519,27 @@ async def test_aclose_closes_both_clients() -> None:
     with pytest.raises(RuntimeError):
         await client.post_report(DONE_URL, b"{}", job_id="j1")
     assert fake.seen == []
+
+
+async def test_report_backoff_is_capped_by_report_backoff_max(
+    autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    fake = FakePlatform([httpx.Response(503)])
+    timings = Timings(report_attempts=5, error_backoff_min=0.1, report_backoff_max=0.3)
+    async with client_for(fake, timings) as client:
+        await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert fake.gaps == pytest.approx([0.1, 0.2, 0.3, 0.3])
+
+
+async def test_connect_timeout_comes_from_timings(autojump_clock: trio.testing.MockClock) -> None:
+    async def never(host: str, port: int, tls: bool) -> trio.abc.Stream:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    config = platform_from_env(WIRING)
+    client = PlatformClient(config, Timings(connect_timeout=3.0), open_stream=never)
+    start = trio.current_time()
+    with pytest.raises(TransportError, match="timed out"):
+        await client.take(1, in_progress=False)
+    await client.aclose()
+    assert trio.current_time() - start == pytest.approx(3.0)

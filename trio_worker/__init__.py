@@ -26,6 +26,7 @@ from ._exceptions import InitializationError as InitializationError
 from ._exceptions import InitTimeout as InitTimeout
 from ._exceptions import PlatformError as PlatformError
 from ._exceptions import RateLimited as RateLimited
+from ._exceptions import TransportError as TransportError
 from ._exceptions import TrioWorkerError as TrioWorkerError
 from ._exceptions import WorkerInternalError as WorkerInternalError
 from ._handlers import AsyncioUnderTrio as AsyncioUnderTrio
@@ -47,6 +48,7 @@ __all__ = [
     "PlatformError",
     "RateLimited",
     "Timings",
+    "TransportError",
     "TrioWorkerError",
     "WorkerHandle",
     "WorkerInternalError",

@@ -7,6 +7,8 @@
      ├── InitializationError        serve(): the initializer failed or timed out; .failure
      ├── PlatformError              a platform route answered with an unusable status; .status
      │    └── RateLimited           429; .retry_after
+     ├── TransportError             the platform could not be reached or spoke broken HTTP
+                                    (connect, TLS, a lost connection, bad framing, timeouts)
      └── WorkerInternalError        a bug in trio_worker itself, chained from the cause
 
     InitFailure                     the record of an init failure (a value, not raised):
@@ -81,6 +83,15 @@ class RateLimited(PlatformError):
     def __init__(self, route: str, retry_after: float) -> None:
         super().__init__(route, 429)
         self.retry_after = retry_after
+
+
+class TransportError(TrioWorkerError):
+    """A failure below HTTP: no connection, a lost one, or an answer that is not HTTP.
+
+    Raised by the platform client whichever HTTP backend carries it, so the code above
+    the client handles one family; the cause (an ``OSError``, an ``httpx`` error) is
+    chained.
+    """
 
 
 class WorkerInternalError(TrioWorkerError):

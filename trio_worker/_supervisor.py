@@ -30,10 +30,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import trio
 
-from ._exceptions import InitFailure, InitializationError, PlatformError, RateLimited
+from ._exceptions import (
+    InitFailure,
+    InitializationError,
+    PlatformError,
+    RateLimited,
+    TransportError,
+)
 from ._handlers import is_cancellation
 from ._initializer import Initializer, init_failure_report, run_initializer
 from ._lifecycle import JobEvent, JobState, Ledger, TransitionHook
@@ -258,7 +263,7 @@ class Supervisor:
                     log.warning("job-take rate limited; pausing %.1fs", exc.retry_after)
                     await self._pause(exc.retry_after)
                     continue
-                except (PlatformError, httpx.HTTPError) as exc:
+                except (PlatformError, TransportError) as exc:
                     errors += 1
                     await self._pause(self._error_backoff("job-take", exc, errors))
                     continue
@@ -453,7 +458,7 @@ class Supervisor:
             return
         try:
             await self._take_once(1)
-        except (PlatformError, httpx.HTTPError) as exc:
+        except (PlatformError, TransportError) as exc:
             log.error("could not claim a request to report the init failure: %s", exc)
 
     async def _expire_grace(self) -> None:
@@ -495,7 +500,7 @@ class Supervisor:
                 except RateLimited as exc:
                     await trio.sleep(exc.retry_after)
                     continue
-                except (PlatformError, httpx.HTTPError) as exc:
+                except (PlatformError, TransportError) as exc:
                     errors += 1
                     await trio.sleep(self._error_backoff("job-stop", exc, errors))
                     continue

@@ -29,15 +29,13 @@ from ._runner import JobRunner, JobSpec, PlatformChunks, ProgressTarget, current
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     import httpx
 
     from ._initializer import Initializer
     from ._lifecycle import TransitionHook
-
-    # (host, port, tls) -> an open stream; the http branch defines it in _platform._http.
-    StreamOpener = Callable[[str, int, bool], Awaitable[trio.abc.Stream]]
+    from ._platform._http import BackendWrapper, StreamOpener
 
 log = logging.getLogger("trio_worker")
 
@@ -84,6 +82,7 @@ class Seams:
     """What a test may put in place of production parts (``trio_worker.testing.serve``)."""
 
     open_stream: StreamOpener | None = None  # (host, port, tls) -> stream, instead of TCP
+    wrap_backend: BackendWrapper | None = None  # wraps the client's HTTP (to record requests)
     transport: httpx.AsyncBaseTransport | None = None  # instead of the network, for httpx
     heartbeat: HeartbeatMode = "thread"  # "task" runs on trio's clock; "off" sends none
     observers: Iterable[TransitionHook] = ()  # called after every job state transition
@@ -185,6 +184,7 @@ async def _serve(
         settings.timings,
         transport=seams.transport,
         open_stream=seams.open_stream,
+        wrap_backend=seams.wrap_backend,
     )
     supervisor = _build(options, settings, client, capture, seams.observers)
     pinger = _start_heartbeat_thread(settings, supervisor) if seams.heartbeat == "thread" else None

@@ -3,11 +3,17 @@
 Theory of operation
 -------------------
 ``run_scenario`` makes one ``trio.run`` under ``MockClock(autojump_threshold=0)``: the fake
-platform (an ASGI app) is mounted in-process through ``httpx.ASGITransport``, wrapped in a
-`ChaosTransport` that injects checkpoints, delays and transport errors at request boundaries
-(drawn with ``data.draw`` as the requests happen). The real ``trio_worker.serve`` runs with
-async handlers and initializers that only ``trio.sleep``, so nothing escapes the virtual
-clock and one example costs a few milliseconds of wall time.
+platform (an ASGI app) is served by the package's own h11 server over in-memory streams
+(``trio_worker.testing._memory``), and the worker's own production HTTP client talks to it:
+its keep-alive pool, response parsing, stale-connection retry, cancellation and error
+mapping are what run under the properties. `RecordingBackend` wraps the client at its
+request boundary to record each exchange and draw its network step (with ``data.draw``, as
+the requests happen); `ChaosOpener` and `ChaosStream` apply the step below the client:
+checkpoints and delays before a request leaves and after its answer arrives, a refused or
+hanging connect (a kept-alive connection breaks first, so the client's own retry reaches
+the failing connect). The real ``trio_worker.serve`` runs with async handlers and
+initializers that only ``trio.sleep``, so nothing escapes the virtual clock and one example
+costs a few milliseconds of wall time.
 
 Everything observable is appended to one `Recorder` under a global sequence number, so
 "before" and "after" are exact even when many things happen at the same virtual instant:
@@ -24,8 +30,8 @@ broke. The mutation check (``scripts/mutation_check.py``) proves each can fail.
 
 Terms used by the checkers:
 
-* *delivered*: a take answered 2xx whose body reached the worker (it passed the transport
-  wrapper); the worker admits its jobs right there, with no checkpoint in between.
+* *delivered*: a take answered 2xx whose body reached the worker (the client returned it
+  to the worker); the worker admits its jobs right there, with no checkpoint in between.
 * *acknowledged*: a terminal job-done POST the platform answered 2xx. A POST answered with
   an injected fault and then retried is not a duplicate; a second acknowledged one is.
 * *legitimate cut*: a take abandoned no earlier than its own deadline: ``take_poll_bound``
@@ -44,11 +50,11 @@ import math
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import trio
 import trio.testing
 
@@ -57,6 +63,8 @@ from trio_worker._capture import OutputCapture
 from trio_worker._capture._redact import Redactor
 from trio_worker._lifecycle import TRANSITIONS, JobEvent, JobState
 from trio_worker.testing import FakePlatform
+from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
+from trio_worker.testing._memory import memory_network
 
 from .strategies import PLAIN, TIMEOUT_LOOKALIKES, JobPlan, NetStep, Scenario, net_steps
 
@@ -64,6 +72,7 @@ if TYPE_CHECKING:
     from hypothesis.strategies import DataObject
 
     from trio_worker._lifecycle import HeldJob
+    from trio_worker._platform._http import HttpBackend, HttpResponse, StreamOpener
     from trio_worker.testing import RecordedRequest
 
 __all__ = ["CHECKS", "Run", "check_all", "describe", "run_scenario"]
@@ -179,6 +188,7 @@ class Recorder:
     draw_error: BaseException | None = None
     wall_start: float = field(default_factory=time.monotonic)
     concurrency_calls: int = 0
+    connections: list[ChaosStream] = field(default_factory=list)  # the client's, as opened
 
     def tick(self) -> tuple[int, float]:
         return next(self.seq), trio.current_time()
@@ -228,7 +238,7 @@ class Recorder:
             return PLAIN
 
 
-# -- the transport wrapper --------------------------------------------------------------
+# -- the network under the real client ------------------------------------------------------
 
 _ROUTES = {
     "job-take": "take",
@@ -240,8 +250,8 @@ _ROUTES = {
 }
 
 
-def route_of(url: httpx.URL) -> tuple[str, str | None]:
-    parts = url.path.strip("/").split("/")
+def route_of(url: str) -> tuple[str, str | None]:
+    parts = urlsplit(url).path.strip("/").split("/")
     route = _ROUTES.get(parts[2], "other") if len(parts) > 2 else "other"
     job_id = parts[4] if route in ("done", "stream") and len(parts) > 4 else None
     return route, job_id
@@ -274,22 +284,111 @@ def only_cancelled(exc: BaseException) -> bool:
     return isinstance(exc, trio.Cancelled)
 
 
-class ChaosTransport(httpx.AsyncBaseTransport):
-    """Wraps the in-process ASGI transport: records every exchange, and injects drawn
-    checkpoints and delays before a request is sent and after its answer, or a transport
-    error before it reaches the platform. Never loses an answer the platform gave (except
-    when the worker's own deadline cuts the delay after it)."""
+@dataclass
+class Chaos:
+    """What the network does to the request in flight (its drawn `NetStep`), applied by
+    `ChaosOpener` and `ChaosStream` below the real client: the checkpoints and delay
+    before the request leaves, once, at its connect or its first write; the connect
+    failure; the checkpoints and delay after its answer, once, at its first read."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport, rec: Recorder) -> None:
+    step: NetStep
+    pre_done: bool = False
+    post_done: bool = False
+
+    async def before_send(self) -> None:
+        if self.pre_done:
+            return
+        self.pre_done = True
+        for _ in range(self.step.pre_checkpoints):
+            await trio.lowlevel.checkpoint()
+        if self.step.pre_delay:
+            await trio.sleep(self.step.pre_delay)
+
+    async def after_answer(self) -> None:
+        if self.post_done:
+            return
+        self.post_done = True
+        for _ in range(self.step.post_checkpoints):
+            await trio.lowlevel.checkpoint()
+        if self.step.post_delay:
+            await trio.sleep(self.step.post_delay)
+
+
+# Set by `RecordingBackend` for the duration of one request, in the requesting task: the
+# client's connects, writes and reads for that request all happen in that task.
+_CHAOS: ContextVar[Chaos | None] = ContextVar("chaos", default=None)
+
+
+class ChaosStream(trio.abc.Stream):
+    """One client connection of the in-memory network, under the request's `Chaos`."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self._inner = inner
+        self.closed = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        chaos = _CHAOS.get()
+        if chaos is not None:
+            await chaos.before_send()
+            if chaos.step.pre_error:
+                # The kept-alive connection broke while idle: the real client retries on
+                # a fresh connection, whose connect then fails as drawn.
+                raise trio.BrokenResourceError("injected: connection broken")
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self._inner.receive_some(max_bytes)
+        chaos = _CHAOS.get()
+        if chaos is not None and data:
+            await chaos.after_answer()
+        return data
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self._inner.aclose()
+
+
+class ChaosOpener:
+    """The in-memory network's connect, failing or hanging as the request's step says."""
+
+    def __init__(self, inner: StreamOpener, rec: Recorder) -> None:
         self._inner = inner
         self._rec = rec
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def __call__(self, host: str, port: int, tls: bool) -> trio.abc.Stream:
+        chaos = _CHAOS.get()
+        if chaos is not None:
+            await chaos.before_send()
+            if chaos.step.pre_error == "connect":
+                raise ConnectionRefusedError(errno.ECONNREFUSED, "injected: connection refused")
+            if chaos.step.pre_error == "connect_timeout":
+                await trio.sleep_forever()  # the client's connect_timeout ends it
+        stream = ChaosStream(await self._inner(host, port, tls))
+        self._rec.connections.append(stream)
+        return stream
+
+
+class RecordingBackend:
+    """Wraps each of the worker's real HTTP clients: records every request as the worker
+    made it and how it ended for the worker, and draws its network step. The step itself
+    is applied below the client (`ChaosOpener`, `ChaosStream`), so the real client's
+    keep-alive, stale-connection retry, cancellation and error mapping all run under it.
+    Never loses an answer the platform gave (except when the worker's own deadline cuts
+    the delay after it)."""
+
+    def __init__(self, inner: HttpBackend, rec: Recorder) -> None:
+        self._inner = inner
+        self._rec = rec
+
+    async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse:
         rec = self._rec
         if time.monotonic() - rec.wall_start > WALL_LIMIT:
             raise RuntimeError(f"example exceeded {WALL_LIMIT}s of wall time (busy loop?)")
-        route, job_id = route_of(request.url)
-        query = parse_qs(request.url.query.decode())
+        route, job_id = route_of(url)
+        query = parse_qs(urlsplit(url).query)
         batch = int(query.get("batch_size", ["1"])[0]) if route in ("take", "take_batch") else 0
         ping_ids = None
         if route == "ping":
@@ -297,57 +396,42 @@ class ChaosTransport(httpx.AsyncBaseTransport):
             ping_ids = tuple(i for i in raw.split(",") if i)
         seq, now = rec.tick()
         index = len(rec.exchanges)
-        body = request.content if route in ("done", "stream") else b""
+        sent = body if route in ("done", "stream") else b""
         ex = Exchange(
-            index, route, job_id, batch, body, seq, now, rec.held, rec.concurrency, ping_ids, PLAIN
+            index, route, job_id, batch, sent, seq, now, rec.held, rec.concurrency, ping_ids, PLAIN
         )
         rec.exchanges.append(ex)
         ex.net = step = rec.next_step(route, index)
-        request.headers["x-exchange"] = str(index)
+        token = _CHAOS.set(Chaos(step))
         try:
-            for _ in range(step.pre_checkpoints):
-                await trio.lowlevel.checkpoint()
-            if step.pre_delay:
-                await trio.sleep(step.pre_delay)
-            if step.pre_error == "connect":
-                raise httpx.ConnectError("injected: connection refused", request=request)
-            if step.pre_error == "connect_timeout":
-                raise httpx.ConnectTimeout("injected: connect timed out", request=request)
-            response = await self._inner.handle_async_request(request)
-            answer = await response.aread()
-            for _ in range(step.post_checkpoints):
-                await trio.lowlevel.checkpoint()
-            if step.post_delay:
-                await trio.sleep(step.post_delay)
+            response = await self._inner.request(method, url, body)
         except BaseException as exc:
             ex.end_seq, ex.end_time = rec.tick()
             ex.outcome = "cancelled" if only_cancelled(exc) else "error"
             ex.error = type(exc).__name__
             raise
+        finally:
+            _CHAOS.reset(token)
         ex.end_seq, ex.end_time = rec.tick()
-        ex.outcome, ex.status, ex.answer = "ok", response.status_code, answer
-        if 200 <= response.status_code < 300:
+        ex.outcome, ex.status, ex.answer = "ok", response.status, response.body
+        if 200 <= response.status < 300:
             if route in ("take", "take_batch"):
-                ex.delivered_ids = ids_in_take(answer)
+                ex.delivered_ids = ids_in_take(response.body)
             elif route == "stop":
-                ex.delivered_ids = ids_in_stop(answer)
+                ex.delivered_ids = ids_in_stop(response.body)
                 for stop_id in ex.delivered_ids:
                     rec.stops.append(
                         StopDelivery(ex.end_seq, ex.end_time, stop_id, rec.state_of(stop_id))
                     )
-        return httpx.Response(
-            response.status_code, headers=response.headers, content=answer, request=request
-        )
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
 
 class CrashRecordingApp:
-    """The fake platform as a real ASGI server runs it: an exception escaping the app is
-    recorded (the platform must never crash) and the client gets a 500, instead of the
-    exception surfacing inside the worker's own task as it would through a bare
-    ``ASGITransport``."""
+    """The fake platform, recording any exception escaping it (the platform must never
+    crash); the server then answers 500, as any ASGI server would."""
 
     def __init__(self, app: FakePlatform, rec: Recorder) -> None:
         self._app = app
@@ -357,7 +441,9 @@ class CrashRecordingApp:
         try:
             await self._app(scope, receive, send)
         except Exception as exc:
-            if isinstance(exc, httpx.HTTPError):  # ConnectionDropped: an injected fault
+            # An injected drop (ConnectionDropped), or send() telling the app the worker hung
+            # up (the ASGI way): the server handles both, neither is a crash.
+            if isinstance(exc, (AbortConnection, ClientDisconnected)):
                 raise
             self._rec.app_errors.append((trio.current_time(), str(scope.get("path")), exc))
             raise
@@ -619,7 +705,6 @@ def _settled(platform: FakePlatform, rec: Recorder) -> bool:
 async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
     platform = FakePlatform(take_hold=scn.take_hold, stop_hold=scn.stop_hold, requeue_after=None)
     app = CrashRecordingApp(platform, rec)
-    transport = ChaosTransport(httpx.ASGITransport(app=app, raise_app_exceptions=False), rec)
     environ = platform.worker_env("http://platform", worker_id="w1", ping_interval_ms=scn.ping_ms)
     code = UserCode(scn, rec)
     concurrency: int | CycleConcurrency = (
@@ -641,7 +726,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
         concurrency=concurrency,
         return_aggregate_stream=scn.aggregate,
         environ=environ,
-        transport=transport,
+        wrap_backend=functools.partial(RecordingBackend, rec=rec),
         heartbeat="task",
         handle_signals=False,
         capture_logs="off" if capture is None else "on",
@@ -651,11 +736,14 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
     )
 
     with trio.move_on_after(scn.last_action() + SETTLE_LIMIT + HANG_LIMIT) as guard:
-        async with trio.open_nursery() as nursery:
+        async with memory_network(app) as opener, trio.open_nursery() as nursery:
 
             async def worker(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
                 try:
-                    await serve(task_status=RecordingStatus(task_status, rec))
+                    await serve(
+                        open_stream=ChaosOpener(opener, rec),
+                        task_status=RecordingStatus(task_status, rec),
+                    )
                 except Exception as exc:
                     rec.serve_outcome = exc
                 else:
@@ -1272,6 +1360,15 @@ def check_shutdown(run: Run) -> list[str]:
     return out
 
 
+def check_connections(run: Run) -> list[str]:
+    """The worker's HTTP client closed every connection it opened by the time ``serve``
+    returned: a cancelled or failed request closes its own, the pool the idle ones."""
+    left = [c for c in run.rec.connections if not c.closed]
+    if not left:
+        return []
+    return [f"{len(left)} of {len(run.rec.connections)} connections left open by the client"]
+
+
 CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "ended": check_run_ended,
     "platform": check_platform,
@@ -1289,6 +1386,7 @@ CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "stops": check_stops,
     "results": check_results,
     "shutdown": check_shutdown,
+    "connections": check_connections,
 }
 
 

@@ -1,4 +1,4 @@
-"""The platform protocol over httpx: take, stop, done, stream (docs/protocol.md §2).
+"""The platform protocol: take, stop, done, stream (docs/protocol.md §2).
 
 Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, stream,
 progress) the other. Cancelling a long-poll can leak a pool slot under contention
@@ -12,22 +12,25 @@ deadline runs on trio's clock (MockClock-native) rather than on ``time.monotonic
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import httpx
 import trio
 
-from .._exceptions import PlatformError, RateLimited
+from .._exceptions import PlatformError, RateLimited, TransportError
 from .._version import __version__
 from ._http import HttpResponse, make_backend
 from ._wire import TakeResponse, parse_stop, parse_take
 
 if TYPE_CHECKING:
+    import httpx
+
     from .._config import PlatformConfig, Timings
+    from ._http import BackendWrapper, StreamOpener
 
 log = logging.getLogger("trio_worker")
 
@@ -69,8 +72,10 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
 class PlatformClient:
     """Speaks the worker routes for one worker.
 
-    *transport* replaces the network (an ``httpx.ASGITransport`` around the fake platform,
-    in the virtual-time suite); production passes None.
+    Production passes none of the keywords. *open_stream* replaces the TCP/TLS connect of
+    the lean client (the virtual-time suite's in-memory streams to the fake platform);
+    *transport* replaces the network with an httpx transport (then httpx carries the
+    requests); *wrap_backend* wraps both HTTP clients (the suite records every request).
     """
 
     def __init__(
@@ -79,21 +84,29 @@ class PlatformClient:
         timings: Timings,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        open_stream: object | None = None,
+        open_stream: StreamOpener | None = None,
+        wrap_backend: BackendWrapper | None = None,
     ) -> None:
         self.config = config
         self.timings = timings
-        # (host, port, tls) -> stream in place of TCP/TLS connects: wired by the http branch.
-        self.open_stream = open_stream
         headers = {"Authorization": config.api_key, "User-Agent": USER_AGENT}
-        self.polls = make_backend(headers, transport=transport, max_connections=4)
-        self._reports = make_backend(
-            {**headers, "Content-Type": REPORT_CONTENT_TYPE}, transport=transport
+        backend = functools.partial(
+            make_backend,
+            transport=transport,
+            open_stream=open_stream,
+            connect_timeout=timings.connect_timeout,
         )
+        self.polls = backend(headers, max_connections=4)
+        self._reports = backend({**headers, "Content-Type": REPORT_CONTENT_TYPE})
+        if wrap_backend is not None:
+            self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
 
     async def aclose(self) -> None:
-        with trio.CancelScope(shield=True):
+        # Each backend closes its own connections even when cancelled; this only makes
+        # sure the second is closed when closing the first raised.
+        try:
             await self.polls.aclose()
+        finally:
             await self._reports.aclose()
 
     # -- take -----------------------------------------------------------------------------
@@ -109,7 +122,7 @@ class PlatformClient:
             RateLimited: on 429.
             PlatformError: on any other status but 2xx, 204 and 400 (400 is how the
                 platform says "no job" under FlashBoot).
-            httpx.TransportError: when the platform cannot be reached.
+            TransportError: when the platform cannot be reached.
         """
         route = "take" if count == 1 else "take_batch"
         response = await self.polls.request("GET", self.take_url(count, in_progress=in_progress))
@@ -128,7 +141,7 @@ class PlatformClient:
         """One stop long-poll: the ids the platform wants stopped.
 
         Raises:
-            RateLimited, PlatformError, httpx.TransportError: as :meth:`take`.
+            RateLimited, PlatformError, TransportError: as :meth:`take`.
         """
         assert self.config.stop_url is not None
         response = await self.polls.request("GET", self.config.stop_url)
@@ -155,10 +168,12 @@ class PlatformClient:
         last_error = "no attempt made"
         attempts = self.timings.report_attempts
         for attempt in range(attempts):
-            delay = backoff_delay(attempt, self.timings.error_backoff_min, 2.0)
+            delay = backoff_delay(
+                attempt, self.timings.error_backoff_min, self.timings.report_backoff_max
+            )
             try:
                 response = await self._reports.request("POST", url, body)
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
                 last_error = f"{type(exc).__name__}: {exc}"
             else:
                 status = response.status

@@ -78,10 +78,12 @@ class HeartbeatThread:
         self._client.close()
 
     def ping_now(self) -> None:
+        # Whatever one ping raises (httpx, a bad URL, a bug), the next one is still due:
+        # a silent heartbeat gets the worker's jobs handed to another worker.
         try:
             self._client.get(ping_url(self._url, self._held()))
             self.sent += 1
-        except httpx.HTTPError as exc:
+        except Exception as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
 
     def _loop(self) -> None:
@@ -101,6 +103,6 @@ async def heartbeat_task(client: HttpBackend, url: str, interval: float, held: H
     while True:
         try:
             await client.request("GET", ping_url(url, held()))
-        except httpx.HTTPError as exc:
+        except Exception as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
         await trio.sleep(interval)

@@ -1,8 +1,9 @@
 """Test helpers: a fake Runpod platform to run a worker against.
 
 :class:`FakePlatform` plays the platform side of the worker protocol as an ASGI app. Use
-it in-process through ``httpx.ASGITransport`` (virtual time under
-``trio.testing.MockClock``), or over loopback HTTP with :func:`run_platform_server`::
+it in-process over :func:`memory_network` (the worker's own HTTP client on in-memory trio
+streams, so virtual time under ``trio.testing.MockClock`` holds), or over loopback HTTP
+with :func:`run_platform_server`::
 
     platform = FakePlatform(take_hold=1.0)
     async with run_platform_server(platform) as url:
@@ -12,8 +13,12 @@ it in-process through ``httpx.ASGITransport`` (virtual time under
         with trio.fail_after(10):
             job = await platform.wait_for_status(job_id)
 
-:func:`serve` is :func:`trio_worker.serve` with the seams a test needs (an in-process
-transport, a heartbeat on trio's clock, transition observers, a capture of its own).
+:func:`serve` is :func:`trio_worker.serve` with the seams a test needs (a stream opener
+such as :func:`memory_network`'s, a wrapper around the client's HTTP, a heartbeat on
+trio's clock, transition observers, a capture of its own)::
+
+    async with memory_network(platform) as opener:
+        await trio_worker.testing.serve(handler, environ=env, open_stream=opener, ...)
 
 ``python -m trio_worker.testing --port 0 --preload N`` runs it as its own process.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 from ._app import FakePlatform
 from ._http_server import ServerThread, run_server_in_thread
+from ._memory import memory_network
 from ._records import (
     TERMINAL_STATUSES,
     Fault,
@@ -46,6 +52,7 @@ __all__ = [
     "RecordedRequest",
     "RequeueRecord",
     "ServerThread",
+    "memory_network",
     "run_platform_server",
     "run_server_in_thread",
     "serve",

@@ -1,8 +1,8 @@
 """FakePlatform: the Runpod side of the worker protocol, as one ASGI app.
 
 One app serves four users: loopback integration tests (under :func:`serve_asgi`), the
-in-process virtual-time property suite (``httpx.ASGITransport`` under
-``trio.testing.MockClock``), the local development endpoint (``--rp_serve_api``) and the
+in-process virtual-time property suite (over :func:`~trio_worker.testing.memory_network`
+under ``trio.testing.MockClock``), the local development endpoint (``--rp_serve_api``) and the
 benchmarks. So it uses only trio primitives and ``trio.current_time()`` (no threads, no
 wall clock), and the common path (a job ready when a take arrives) answers with no task,
 nursery or wait.

@@ -7,11 +7,12 @@ HTTP/1.1 on loopback. Hypercorn would add a dependency tree; uvicorn is asyncio-
 
 Theory of operation
 -------------------
-One trio task per connection. It reads bytes into an :class:`h11.Connection` and, for
-each request, builds the ASGI ``http`` scope and calls the app with a :class:`_Exchange`'s
-bound ``receive``/``send``. Everything for one request happens in the connection's own
-task; no per-request task or nursery is created, which keeps the per-request cost to a
-dict, two bound methods and, usually, one ``send_all`` for the whole response.
+One trio task per connection (:func:`serve_stream`: a socket, or any trio stream). It
+reads bytes into an :class:`h11.Connection` and, for each request, builds the ASGI
+``http`` scope and calls the app with a :class:`_Exchange`'s bound ``receive``/``send``.
+Everything for one request happens in the connection's own task; no per-request task or
+nursery is created, which keeps the per-request cost to a dict, two bound methods and,
+usually, one ``send_all`` for the whole response.
 
 ``receive()`` first hands out the request body (chunked or Content-Length, decoded by
 h11). Once the body is complete, a further ``receive()`` reads the socket itself and
@@ -55,6 +56,7 @@ __all__ = [
     "ServerThread",
     "run_server_in_thread",
     "serve_asgi",
+    "serve_stream",
 ]
 
 # The same shapes as httpx.ASGITransport's, so one app type-checks against both.
@@ -121,7 +123,7 @@ class _Exchange:
         "stream",
     )
 
-    def __init__(self, conn: h11.Connection, stream: trio.SocketStream, method: bytes) -> None:
+    def __init__(self, conn: h11.Connection, stream: trio.abc.Stream, method: bytes) -> None:
         self.conn = conn
         self.stream = stream
         self.head_request = method == b"HEAD"
@@ -150,7 +152,7 @@ class _Exchange:
             return {"type": "http.disconnect"}
         # A pipelined next request: keep it for the next cycle. Reading further would
         # buffer without bound, and the client is evidently still there.
-        self.conn.receive_data(data)
+        self.conn.receive_data(bytes(data))
         await trio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -175,7 +177,7 @@ class _Exchange:
                     # but for the app it is simply a client that went away.
                     self.disconnected = True
                     return {"type": "http.disconnect"}
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
             elif type(event) is h11.Data:
                 chunks.append(event.data)
             elif type(event) is h11.EndOfMessage:
@@ -235,7 +237,7 @@ class _Server:
         self.app = app
         self.keep_alive_timeout = keep_alive_timeout
 
-    async def handle_connection(self, stream: trio.SocketStream) -> None:
+    async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one connection until it closes; never lets an error escape.
 
         An escaping exception would crash ``serve_listeners`` and with it every other
@@ -250,13 +252,15 @@ class _Server:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
+    async def _serve(self, stream: trio.abc.Stream) -> None:
         conn = h11.Connection(h11.SERVER)
-        try:
-            server = _address(stream.socket.getsockname())
-            client = _address(stream.socket.getpeername())
-        except OSError:
-            return  # already reset by the peer
+        server = client = None
+        if isinstance(stream, trio.SocketStream):  # an in-memory stream has no addresses
+            try:
+                server = _address(stream.socket.getsockname())
+                client = _address(stream.socket.getpeername())
+            except OSError:
+                return  # already reset by the peer
         # One cancel scope per connection whose deadline is moved, rather than a new
         # scope per request: it only bounds the wait for the next request.
         with trio.CancelScope() as idle_scope:
@@ -280,7 +284,7 @@ class _Server:
                 conn.start_next_cycle()
 
     @staticmethod
-    async def _next_request_event(conn: h11.Connection, stream: trio.SocketStream) -> h11.Event:
+    async def _next_request_event(conn: h11.Connection, stream: trio.abc.Stream) -> h11.Event:
         while True:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
@@ -290,12 +294,12 @@ class _Server:
                 data = await stream.receive_some(RECEIVE_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
-            conn.receive_data(data)
+            conn.receive_data(bytes(data))
 
     async def _run_app(
         self,
         conn: h11.Connection,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         request: h11.Request,
         server: tuple[str, int] | None,
         client: tuple[str, int] | None,
@@ -362,7 +366,7 @@ def _address(sockname: Any) -> tuple[str, int] | None:
     return None
 
 
-async def _send_error(conn: h11.Connection, stream: trio.SocketStream, status: int) -> None:
+async def _send_error(conn: h11.Connection, stream: trio.abc.Stream, status: int) -> None:
     """Best effort: answer *status* and mark the connection for closing."""
     if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
         return
@@ -380,7 +384,7 @@ async def _send_error(conn: h11.Connection, stream: trio.SocketStream, status: i
         pass
 
 
-async def _drain_request_body(conn: h11.Connection, stream: trio.SocketStream) -> bool:
+async def _drain_request_body(conn: h11.Connection, stream: trio.abc.Stream) -> bool:
     """Discard a request body the app did not read, so the connection stays usable.
 
     Returns False (close the connection) when the body is larger than
@@ -396,8 +400,20 @@ async def _drain_request_body(conn: h11.Connection, stream: trio.SocketStream) -
             if not data:
                 return False
             drained += len(data)
-            conn.receive_data(data)
+            conn.receive_data(bytes(data))
     return True
+
+
+async def serve_stream(
+    app: ASGIApp, stream: trio.abc.Stream, *, keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT
+) -> None:
+    """Serve *app* on one already open connection (any trio stream) until it closes.
+
+    What :func:`serve_asgi` runs per accepted socket; also how the in-memory network of
+    :mod:`trio_worker.testing` serves the fake platform. Never raises but cancellation;
+    closes *stream* on the way out.
+    """
+    await _Server(app, keep_alive_timeout).handle_connection(stream)
 
 
 async def serve_asgi(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .._initializer import Initializer
     from .._lifecycle import TransitionHook
     from .._options import Concurrency
-    from .._worker import StreamOpener
+    from .._platform._http import BackendWrapper, StreamOpener
 
 
 async def serve(
@@ -44,6 +44,7 @@ async def serve(
     environ: Mapping[str, str] | None = None,
     handle_signals: bool = True,
     open_stream: StreamOpener | None = None,
+    wrap_backend: BackendWrapper | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     heartbeat: HeartbeatMode = "thread",
     observers: Iterable[TransitionHook] = (),
@@ -53,7 +54,10 @@ async def serve(
     """:func:`trio_worker.serve`, plus the seams a test needs.
 
     Args:
-        open_stream: ``(host, port, tls) -> stream`` used instead of TCP/TLS connects.
+        open_stream: ``(host, port, tls) -> stream`` used instead of TCP/TLS connects
+            (:func:`trio_worker.testing.memory_network` gives one to the fake platform).
+        wrap_backend: wraps each HTTP backend of the platform client, e.g. to record or
+            disturb every request while the production client still does the work.
         transport: an httpx transport in place of the network (the in-process fake).
         heartbeat: "thread" (production), "task" (on trio's clock, for virtual time), "off".
         observers: called after every job state transition.
@@ -77,6 +81,7 @@ async def serve(
     )
     seams = Seams(
         open_stream=open_stream,
+        wrap_backend=wrap_backend,
         transport=transport,
         heartbeat=heartbeat,
         observers=tuple(observers),
