@@ -9,13 +9,16 @@ resident memory of that pytest process (``VmRSS`` in ``/proc/PID/status``) every
 ``--interval`` seconds, and prints one row per sample: elapsed time, RSS, examples run so
 far, examples per second since the previous row, and the property running. At the deadline
 it interrupts pytest (SIGINT, then SIGTERM, then SIGKILL) and prints a verdict: RSS at the
-start, the end, the minimum and maximum, the least-squares slope, and whether the second
-half of the run stayed within ``--tolerance`` of the first half's peak.
+start, the end, the minimum and maximum, the least-squares slope, and whether the later
+properties stayed within ``--tolerance`` of the peak of the first one.
 
 Memory is not expected to be constant within a property: Hypothesis keeps the data of up
-to 10,000 examples per test (its ``ConjectureRunner`` cache) and its tree of the choices
-made so far, a few tens of KiB an example, released when the test ends. It must not keep
-growing from one property to the next; that is what the verdict checks.
+to 10,000 examples per test (its ``ConjectureRunner`` cache, ``stats_per_test_case``, its
+tree of the choices made so far), 40-50 KiB an example here, released when the test ends;
+the next property reuses that memory. So RSS climbs during the first property (about 500
+MiB after its 9,600 examples) and must then stay at that level, not climb further from one
+property to the next: that is what the verdict checks, and why it needs a run long enough
+to reach the second property (on 2 busy cores, 10 minutes or more; 30 to see several).
 
 Examples are counted by this same file loaded into pytest as a plugin (``-p
 soak_properties``): it wraps each Hypothesis test's ``hypothesis.inner_test`` and writes
@@ -167,7 +170,8 @@ def slope_per_minute(samples: list[Sample]) -> float:
 
 
 def verdict(samples: list[Sample], tolerance: float) -> tuple[bool, list[str]]:
-    """Flat: the second half's peak stays within *tolerance* (a fraction) of the first's."""
+    """Flat: the peak while later properties run stays within *tolerance* (a fraction) of
+    the peak while the first one runs (see the module docstring)."""
     first, last = samples[0], samples[-1]
     rss = [s.rss_mib for s in samples]
     lines = [
@@ -177,16 +181,20 @@ def verdict(samples: list[Sample], tolerance: float) -> tuple[bool, list[str]]:
     ]
     if last.examples is not None:
         lines.append(f"{last.examples} examples")
-    half = len(samples) // 2
-    if half < 2:
-        lines.append("too few samples for a verdict (run longer or sample more often)")
+    first_test = next((s.test for s in samples if s.test != "-"), "-")
+    early = [s.rss_mib for s in samples if s.test in (first_test, "-")]
+    late = [s.rss_mib for s in samples if s.test not in (first_test, "-")]
+    if not late:
+        lines.append(
+            f"INCONCLUSIVE: only {first_test} ran (within a property Hypothesis's own data "
+            "grows until the test ends); run longer to reach the next property"
+        )
         return True, lines
-    early = max(rss[:half])
-    late = max(rss[half:])
-    flat = late <= early * (1 + tolerance)
+    flat = max(late) <= max(early) * (1 + tolerance)
     lines.append(
-        f"peak of the first half {early:.0f} MiB, of the second half {late:.0f} MiB: "
-        + ("FLAT" if flat else f"GROWING (more than {tolerance:.0%} above the first half)")
+        f"peak during {first_test} {max(early):.0f} MiB, during the later properties "
+        f"{max(late):.0f} MiB: "
+        + ("FLAT" if flat else f"GROWING (more than {tolerance:.0%} above the first)")
     )
     return flat, lines
 
@@ -210,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=None, help="--hypothesis-seed (random)")
     parser.add_argument(
-        "--tolerance", type=float, default=0.10, help="allowed growth of the peak (0.10 = 10%%)"
+        "--tolerance", type=float, default=0.25, help="allowed growth of the peak (0.25 = 25%%)"
     )
     parser.add_argument(
         "--log", type=Path, default=None, help="pytest's output (default: a temporary file)"
