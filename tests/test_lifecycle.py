@@ -364,7 +364,8 @@ def test_docs_diagrams_are_the_rendered_tables() -> None:
 
 def test_docs_table_lists_exactly_the_transitions() -> None:
     rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| `(\w+)` \|", DOCS.read_text(), re.MULTILINE)
-    documented = {(S[src], E(ev)): S[dst] for src, ev, dst in rows if src in S.__members__}
+    names = S.__members__
+    documented = {(names[src], E(ev)): names[dst] for src, ev, dst in rows if src in names}
     assert documented == TRANSITIONS
     assert len([r for r in rows if r[0] in S.__members__]) == len(TRANSITIONS)
 

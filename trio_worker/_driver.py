@@ -85,7 +85,7 @@ class JobDriver:
             log.warning("job-take answer not understood: %s", response.garbled)
         for reason in response.unaddressable:
             log.error("job-take delivered an item that cannot be reported: %s", reason)
-        held = []
+        held: list[tuple[HeldJob, bool]] = []
         admitted: list[tuple[str, dict[str, Any], str | None]]
         admitted = [(job["id"], job, None) for job in response.jobs]
         admitted += [(job_id, {"id": job_id}, why) for job_id, why in response.malformed]
@@ -96,19 +96,21 @@ class JobDriver:
                 continue
             self._scopes[job_id] = trio.CancelScope(deadline=self.shutdown_deadline)
             job.reason = malformed or ""
+            held.append((job, malformed is not None))
+        # Every job of the answer is held before any of them moves (the ledger is the take).
+        for job, is_malformed in held:
             admission = on_admit(
                 self.phases.phase,
                 gate_open=self.phases.gate_open,
-                stop_remembered=stop_remembered(job_id),
-                malformed=malformed is not None,
+                stop_remembered=stop_remembered(job.id),
+                malformed=is_malformed,
             )
             event = ADMISSION_EVENTS.get(admission)
             if event is JobEvent.MARK_MALFORMED:
                 self.fire(job, event)
             elif event is not None:
                 self.request(job, event)
-            held.append(job)
-        return held
+        return [job for job, _ in held]
 
     def stop(self, job_id: str) -> bool:
         """Stop a held job wherever it is; False when *job_id* is not held."""
