@@ -130,16 +130,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "stopped-job-reported",
-        "_decisions.py on_cancelled: a stopped running job past the grace is reported, not STOP",
+        "_driver.py _prepare: a stopped running job is reported instead of STOP",
         (
             Patch(
-                "trio_worker/_decisions.py",
-                "    if state is S.STOPPING:\n"
-                "        return Outcome.STOP\n"
-                "    if state is S.RUNNING:\n",
-                "    if state is S.STOPPING and not grace_over:\n"
-                "        return Outcome.STOP\n"
-                "    if state in (S.RUNNING, S.STOPPING):\n",
+                "trio_worker/_driver.py",
+                "if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:",
+                "if not is_cancellation(exc) or self._outcome(job) is Outcome.PROPAGATE:",
             ),
         ),
     ),
