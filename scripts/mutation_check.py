@@ -77,10 +77,10 @@ class Mutation:
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "report-shield-removed",
-        "_supervisor.py _deliver: move_on_after(report_deadline, shield=True) loses its shield",
+        "_delivery.py deliver: move_on_after(report_deadline, shield=True) loses its shield",
         (
             Patch(
-                "trio_worker/_supervisor.py",
+                "trio_worker/_delivery.py",
                 "with trio.move_on_after(self.timings.report_deadline, shield=True):",
                 "with trio.move_on_after(self.timings.report_deadline):",
             ),
@@ -119,8 +119,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_supervisor.py",
-                "with trio.CancelScope(shield=True, deadline=min(deadline, self._claim_deadline))",
-                "with trio.CancelScope(shield=False, deadline=min(deadline, self._claim_deadline))",
+                "with trio.CancelScope(shield=True, deadline=deadline) as scope:",
+                "with trio.CancelScope(shield=False, deadline=deadline) as scope:",
             ),
         ),
     ),
@@ -137,12 +137,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "stopped-job-reported",
-        "_supervisor.py _gate_then_run: a stopped running job is reported instead of STOP",
+        "_driver.py _prepare: a stopped running job is reported instead of STOP",
         (
             Patch(
-                "trio_worker/_supervisor.py",
-                "if self._controls[job.id].stop_requested or not grace_over:",
-                "if not grace_over and not self._controls[job.id].stop_requested:",
+                "trio_worker/_driver.py",
+                "if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:",
+                "if not is_cancellation(exc) or self._outcome(job) is Outcome.PROPAGATE:",
             ),
         ),
     ),
@@ -152,8 +152,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_supervisor.py",
-                "free = self._capacity() - len(self.ledger)",
-                "free = self._capacity() - len(self.ledger) + 1",
+                "free = self.capacity.evaluate() - len(self.ledger)",
+                "free = self.capacity.evaluate() - len(self.ledger) + 1",
             ),
         ),
     ),

@@ -1,4 +1,4 @@
-"""The job lifecycle: a pure, table-driven state machine and the ledger of held jobs.
+"""All of the worker's state: the job machine, the worker phase and the ledger of held jobs.
 
 Theory of operation
 -------------------
@@ -7,21 +7,26 @@ report is acknowledged or finally given up, or until it is stopped or released. 
 the job's id is listed in every ping, counts against capacity, and is owed exactly one
 terminal report (docs/design.md §4 I1), unless the platform stopped it or the worker released it.
 
-Each job moves through these states; the trio tasks only *drive* the machine by firing
-events, in the manner of h11's ``_state.py``. No I/O happens here, so the property suite can
-check every transition::
+Two synchronous, table-driven machines hold every fact the supervisor decides on, in the
+manner of h11's ``_state.py``; the trio tasks only *drive* them by firing events and
+cancelling scopes, and no I/O happens here, so the property suite can check every step:
 
-    TAKEN ──wait_for_init──▶ WAITING_FOR_INIT ──start──▶ RUNNING ──finish──▶ REPORTING
-      │                        │                           │                   │
-      ├──start─────────────────┼──────────────▶ RUNNING    │          acknowledge / give_up
-      ├──fail──────────────────┴──▶ REPORTING (init failure, malformed job)   ▼
-      ├──stop / release ──▶ STOPPED / RELEASED             │          DONE / UNDELIVERED
-      └────────────────────────────────────────── stop ────┘ (handler unwound) ─▶ STOPPED
+* ``TRANSITIONS`` moves one job. A stop or a release is first *requested*
+  (``STOPPING``, ``RELEASING``: the job's cancel scope is cancelled, the task unwinds) and
+  then settled (``STOPPED``, ``RELEASED``). A job that cannot be run as delivered is
+  ``MALFORMED`` from admission and goes to ``REPORTING`` with the reason. ``fail`` is the
+  path of a job whose report is owed without the handler ever running (an init failure, a
+  malformed job). ``UNDELIVERED`` means every retry of the terminal report failed: the job
+  leaves the ledger (the loss is logged loudly) so it can no longer block capacity.
+* ``PHASE_TRANSITIONS`` moves the worker: ``INITIALIZING`` until the initializer returns,
+  then ``READY`` or ``INIT_FAILED``; ``DRAINING`` once a shutdown starts. The gate is open
+  once ``init_ok`` has fired, whatever the phase since: the initializer may return in the
+  same step as a shutdown request, and its result still counts.
 
-``fail`` is the path of a job whose report is owed without the handler ever running: an init
-failure, a malformed job, a job arriving during shutdown. ``UNDELIVERED`` means every retry
-of the terminal report failed: the job leaves the ledger (the loss is logged loudly) so it
-can no longer block capacity.
+What the supervisor does on an admission, a cancellation or a delivery is a pure function
+of these states (``_decisions.py``). ``docs/how-it-works.md`` draws both tables; its
+diagrams are rendered by :func:`mermaid_diagram` (``scripts/state_diagrams.py``) and a test
+keeps them equal.
 
 The ledger keeps a tuple snapshot of held ids, replaced (never mutated) on each change, so
 the heartbeat thread can read it without a lock.
@@ -30,15 +35,18 @@ the heartbeat thread can read it without a lock.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class JobState(enum.Enum):
     TAKEN = "taken"
+    MALFORMED = "malformed"
     WAITING_FOR_INIT = "waiting_for_init"
     RUNNING = "running"
+    STOPPING = "stopping"
+    RELEASING = "releasing"
     REPORTING = "reporting"
     DONE = "done"
     UNDELIVERED = "undelivered"
@@ -51,13 +59,16 @@ class JobState(enum.Enum):
 
 
 class JobEvent(enum.Enum):
+    MARK_MALFORMED = "mark_malformed"
     WAIT_FOR_INIT = "wait_for_init"
     START = "start"
     FINISH = "finish"
     FAIL = "fail"
     ACKNOWLEDGE = "acknowledge"
     GIVE_UP = "give_up"
+    REQUEST_STOP = "request_stop"
     STOP = "stop"
+    REQUEST_RELEASE = "request_release"
     RELEASE = "release"
 
 
@@ -65,29 +76,68 @@ _TERMINAL = frozenset({JobState.DONE, JobState.UNDELIVERED, JobState.STOPPED, Jo
 
 S, E = JobState, JobEvent
 TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
+    (S.TAKEN, E.MARK_MALFORMED): S.MALFORMED,
     (S.TAKEN, E.WAIT_FOR_INIT): S.WAITING_FOR_INIT,
     (S.TAKEN, E.START): S.RUNNING,
     (S.TAKEN, E.FAIL): S.REPORTING,
-    (S.TAKEN, E.STOP): S.STOPPED,
+    (S.TAKEN, E.REQUEST_STOP): S.STOPPING,
+    (S.TAKEN, E.REQUEST_RELEASE): S.RELEASING,
+    # Cancelled from outside during a shutdown, before it ever waited at the gate.
     (S.TAKEN, E.RELEASE): S.RELEASED,
+    (S.MALFORMED, E.FAIL): S.REPORTING,
+    (S.MALFORMED, E.REQUEST_STOP): S.STOPPING,
     (S.WAITING_FOR_INIT, E.START): S.RUNNING,
     (S.WAITING_FOR_INIT, E.FAIL): S.REPORTING,
-    (S.WAITING_FOR_INIT, E.STOP): S.STOPPED,
+    (S.WAITING_FOR_INIT, E.REQUEST_STOP): S.STOPPING,
+    (S.WAITING_FOR_INIT, E.REQUEST_RELEASE): S.RELEASING,
     (S.WAITING_FOR_INIT, E.RELEASE): S.RELEASED,
     (S.RUNNING, E.FINISH): S.REPORTING,
-    (S.RUNNING, E.STOP): S.STOPPED,
+    (S.RUNNING, E.REQUEST_STOP): S.STOPPING,
+    (S.STOPPING, E.STOP): S.STOPPED,
+    # The handler returned before the stop reached it: the result goes out.
+    (S.STOPPING, E.FINISH): S.REPORTING,
+    (S.RELEASING, E.RELEASE): S.RELEASED,
+    (S.RELEASING, E.REQUEST_STOP): S.STOPPING,
+    # The initializer failed in the same step as the shutdown request.
+    (S.RELEASING, E.FAIL): S.REPORTING,
     (S.REPORTING, E.ACKNOWLEDGE): S.DONE,
     (S.REPORTING, E.GIVE_UP): S.UNDELIVERED,
 }
 del S, E
 
 
+class WorkerPhase(enum.Enum):
+    INITIALIZING = "initializing"
+    READY = "ready"
+    INIT_FAILED = "init_failed"
+    DRAINING = "draining"
+
+
+class PhaseEvent(enum.Enum):
+    INIT_OK = "init_ok"
+    INIT_FAIL = "init_fail"
+    DRAIN = "drain"
+
+
+P, PE = WorkerPhase, PhaseEvent
+PHASE_TRANSITIONS: dict[tuple[WorkerPhase, PhaseEvent], WorkerPhase] = {
+    (P.INITIALIZING, PE.INIT_OK): P.READY,
+    (P.INITIALIZING, PE.INIT_FAIL): P.INIT_FAILED,
+    (P.INITIALIZING, PE.DRAIN): P.DRAINING,
+    (P.READY, PE.DRAIN): P.DRAINING,
+    # The initializer returned in the same step as the shutdown request.
+    (P.DRAINING, PE.INIT_OK): P.DRAINING,
+    (P.DRAINING, PE.INIT_FAIL): P.INIT_FAILED,
+}
+del P, PE
+
+
 class IllegalTransition(RuntimeError):
     """Raised when an event is fired in a state that has no transition for it (a bug)."""
 
-    def __init__(self, job_id: str, state: JobState, event: JobEvent) -> None:
-        super().__init__(f"job {job_id}: no transition from {state.value} on {event.value}")
-        self.job_id = job_id
+    def __init__(self, who: str, state: enum.Enum, event: enum.Enum) -> None:
+        super().__init__(f"{who}: no transition from {state.value} on {event.value}")
+        self.who = who
         self.state = state
         self.event = event
 
@@ -100,16 +150,47 @@ class HeldJob:
     payload: dict[str, Any]
     state: JobState = JobState.TAKEN
     history: list[JobState] = field(default_factory=list)
+    reason: str = ""  # why a MALFORMED job cannot be run
+
+    def can(self, event: JobEvent) -> bool:
+        return (self.state, event) in TRANSITIONS
 
     def fire(self, event: JobEvent) -> JobState:
         """Apply *event*; raises :class:`IllegalTransition` when it does not apply."""
         try:
             new = TRANSITIONS[(self.state, event)]
         except KeyError:
-            raise IllegalTransition(self.id, self.state, event) from None
+            raise IllegalTransition(f"job {self.id}", self.state, event) from None
         self.history.append(self.state)
         self.state = new
         return new
+
+
+PhaseHook = Callable[[WorkerPhase, PhaseEvent, WorkerPhase], None]
+
+
+class Phases:
+    """The worker's phase; ``observers`` are called as ``f(before, event, after)``."""
+
+    def __init__(self) -> None:
+        self.phase = WorkerPhase.INITIALIZING
+        self.gate_open = False
+        self.observers: list[PhaseHook] = []
+
+    def can(self, event: PhaseEvent) -> bool:
+        return (self.phase, event) in PHASE_TRANSITIONS
+
+    def fire(self, event: PhaseEvent) -> WorkerPhase:
+        """Apply *event*; raises :class:`IllegalTransition` when it does not apply."""
+        before = self.phase
+        try:
+            self.phase = PHASE_TRANSITIONS[(before, event)]
+        except KeyError:
+            raise IllegalTransition("worker", before, event) from None
+        self.gate_open = self.gate_open or event is PhaseEvent.INIT_OK
+        for observer in self.observers:
+            observer(before, event, self.phase)
+        return self.phase
 
 
 TransitionHook = Callable[[HeldJob, JobState, JobEvent], None]
@@ -170,3 +251,29 @@ class Ledger:
         self._held_ids = tuple(self._jobs)
         if self._on_change is not None:
             self._on_change()
+
+
+def mermaid_diagram(
+    table: Mapping[tuple[Any, Any], enum.Enum],
+    *,
+    start: enum.Enum,
+    ends: Iterable[enum.Enum],
+    entry: str,
+) -> str:
+    """*table* as a Mermaid state diagram, one arrow per row, in the table's order."""
+    lines = ["```mermaid", "stateDiagram-v2", f"    [*] --> {start.name} : {entry}"]
+    lines += [f"    {a.name} --> {b.name} : {e.value}" for (a, e), b in table.items()]
+    lines += [f"    {state.name} --> [*]" for state in ends]
+    return "\n".join([*lines, "```"])
+
+
+def job_diagram() -> str:
+    ends = [state for state in JobState if state.terminal]
+    return mermaid_diagram(TRANSITIONS, start=JobState.TAKEN, ends=ends, entry="take answer parsed")
+
+
+def phase_diagram() -> str:
+    ends = [WorkerPhase.INIT_FAILED, WorkerPhase.DRAINING]
+    return mermaid_diagram(
+        PHASE_TRANSITIONS, start=WorkerPhase.INITIALIZING, ends=ends, entry="serve() starts"
+    )

@@ -63,7 +63,14 @@ import trio.testing
 import trio_worker
 from trio_worker._capture import OutputCapture
 from trio_worker._capture._redact import Redactor
-from trio_worker._lifecycle import TRANSITIONS, JobEvent, JobState
+from trio_worker._lifecycle import (
+    PHASE_TRANSITIONS,
+    TRANSITIONS,
+    JobEvent,
+    JobState,
+    PhaseEvent,
+    WorkerPhase,
+)
 from trio_worker.testing import FakePlatform
 from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
 from trio_worker.testing._memory import memory_network
@@ -94,7 +101,8 @@ SETTLE_LIMIT = 30.0
 
 S = JobState
 E = JobEvent
-WAITING = (S.TAKEN, S.WAITING_FOR_INIT)
+# Not started: a stop reaching the job now must end it STOPPED.
+WAITING = (S.TAKEN, S.WAITING_FOR_INIT, S.RELEASING, S.MALFORMED)
 
 # -- what is recorded --------------------------------------------------------------------
 
@@ -167,6 +175,15 @@ class StopDelivery:
 
 
 @dataclass
+class PhaseChange:
+    seq: int
+    time: float
+    before: WorkerPhase
+    event: PhaseEvent
+    after: WorkerPhase
+
+
+@dataclass
 class Recorder:
     scenario: Scenario
     data: DataObject | None
@@ -192,6 +209,7 @@ class Recorder:
     concurrency_calls: int = 0
     connections: list[ChaosStream] = field(default_factory=list)  # the client's, as opened
     log: list[str] = field(default_factory=list)  # the worker's log lines, see example_log
+    phases: list[PhaseChange] = field(default_factory=list)
 
     def tick(self) -> tuple[int, float]:
         return next(self.seq), trio.current_time()
@@ -212,6 +230,14 @@ class Recorder:
         self.transitions.append(
             Transition(seq, now, job.id, before, event, job.state, self.held, self.concurrency)
         )
+
+    def __call__(self, job: HeldJob, before: JobState, event: JobEvent) -> None:
+        self.observe(job, before, event)
+
+    def phase_changed(self, before: WorkerPhase, event: PhaseEvent, after: WorkerPhase) -> None:
+        """Called by the worker on every phase change (an observer with this method)."""
+        seq, now = self.tick()
+        self.phases.append(PhaseChange(seq, now, before, event, after))
 
     def state_of(self, job_id: str) -> JobState | None:
         """The state of a held job right now (TAKEN if admitted but not yet moved)."""
@@ -737,7 +763,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
         capture_logs="off" if capture is None else "on",
         capture=capture,
         timings=scn.timings,
-        observers=[rec.observe],
+        observers=[rec],
     )
 
     with trio.move_on_after(scn.last_action() + SETTLE_LIMIT + HANG_LIMIT) as guard:
@@ -1416,6 +1442,48 @@ def check_connections(run: Run) -> list[str]:
     return [f"{len(left)} of {len(run.rec.connections)} connections left open by the client"]
 
 
+def check_phases(run: Run) -> list[str]:
+    """The worker phase replays against PHASE_TRANSITIONS and agrees with what happened:
+    the gate opens only after the initializer returned, INIT_FAILED iff serve() raised it,
+    DRAINING at the SIGTERM; a job starts only behind an open gate, is released only while
+    draining, and is failed without running only after the init failure (or as malformed)."""
+    rec = run.rec
+    out = []
+    phase = WorkerPhase.INITIALIZING
+    for change in rec.phases:
+        if change.before is not phase or PHASE_TRANSITIONS.get((phase, change.event)) is not (
+            change.after
+        ):
+            out.append(f"phase: illegal {change.before} --{change.event}--> {change.after}")
+        phase = change.after
+    if (phase is WorkerPhase.INIT_FAILED) != (failure_of(run) is not None):
+        out.append(f"phase: ended {phase}, serve: {rec.serve_outcome!r}")
+    opened = next((c for c in rec.phases if c.event is PhaseEvent.INIT_OK), None)
+    if opened is not None and run.scenario.init.outcome != "none":
+        if rec.init_end is None or opened.seq < rec.init_end[0]:
+            out.append(f"phase: gate opened at {opened.time:g}, init returned {rec.init_end}")
+    drains = [c for c in rec.phases if c.event is PhaseEvent.DRAIN]
+    if (rec.sigterm is None) != (not drains) or len(drains) > 1:
+        out.append(f"phase: drained {len(drains)} time(s), SIGTERM {rec.sigterm}")
+
+    def phase_at(seq: int) -> tuple[WorkerPhase, bool]:
+        before = [c for c in rec.phases if c.seq < seq]
+        gate = any(c.event is PhaseEvent.INIT_OK for c in before)
+        return (before[-1].after if before else WorkerPhase.INITIALIZING), gate
+
+    for t in rec.transitions:
+        now, gate = phase_at(t.seq)
+        failed_early = t.event is E.FAIL and t.before is not S.MALFORMED
+        bad = (
+            (t.event is E.START and not gate)
+            or (t.event in (E.RELEASE, E.REQUEST_RELEASE) and now is not WorkerPhase.DRAINING)
+            or (failed_early and now is not WorkerPhase.INIT_FAILED)
+        )
+        if bad:
+            out.append(f"phase: {t.job_id} {t.event.value} at {t.time:g} in {now}, gate {gate}")
+    return out
+
+
 CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "ended": check_run_ended,
     "platform": check_platform,
@@ -1434,6 +1502,7 @@ CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "results": check_results,
     "shutdown": check_shutdown,
     "connections": check_connections,
+    "phases": check_phases,
 }
 
 

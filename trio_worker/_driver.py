@@ -1,0 +1,217 @@
+"""Driving each held job through its states: admission, its task and scope, settlement.
+
+Theory of operation
+-------------------
+The supervisor's take task hands each take answer to :meth:`JobDriver.admit`, which holds
+the jobs in the ledger, gives each a cancel scope, and applies ``on_admit``. The run task
+starts :meth:`JobDriver.job_task` per job: inside the job's scope it reports a malformed
+job, or waits at the gate and runs the handler; a cancellation is settled by
+``on_cancelled`` (stopped, released, failed with the init failure, or cut by the end of the
+shutdown grace); the report goes out shielded and ``on_delivered`` settles it. A stop or a
+release is *requested* by firing its event and cancelling the job's scope, so the task
+unwinds and settles the job itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._decisions import (
+    ADMISSION_EVENTS,
+    Outcome,
+    on_admit,
+    on_cancelled,
+    on_delivered,
+    releases_at_shutdown,
+)
+from ._handlers import is_cancellation
+from ._lifecycle import JobEvent, JobState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._config import Timings
+    from ._delivery import Delivery
+    from ._lifecycle import HeldJob, Ledger, Phases
+    from ._platform._wire import TakeResponse
+    from ._runner import JobRunner, Report
+
+log = logging.getLogger("trio_worker")
+
+
+class JobDriver:
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        phases: Phases,
+        gate: trio.Event,
+        runner: JobRunner,
+        delivery: Delivery,
+        timings: Timings,
+        refresh: Callable[[], None] | None,
+    ) -> None:
+        self.ledger = ledger
+        self.phases = phases
+        self.gate = gate
+        self.runner = runner
+        self.delivery = delivery
+        self.timings = timings
+        self.refresh = refresh
+        self.shutdown_deadline = math.inf
+        self.init_failed_body: bytes | None = None
+        self._scopes: dict[str, trio.CancelScope] = {}
+
+    def fire(self, job: HeldJob, event: JobEvent) -> None:
+        if self.ledger.fire(job, event).terminal:
+            self._scopes.pop(job.id, None)
+
+    def request(self, job: HeldJob, event: JobEvent) -> None:
+        """Fire a stop or release request and cancel the job's scope, so its task unwinds."""
+        self.fire(job, event)
+        self._scopes[job.id].cancel()
+
+    # -- admission, stop, shutdown --------------------------------------------------------
+
+    def admit(
+        self, response: TakeResponse, stop_remembered: Callable[[str], bool]
+    ) -> list[HeldJob]:
+        if response.garbled:
+            log.warning("job-take answer not understood: %s", response.garbled)
+        for reason in response.unaddressable:
+            log.error("job-take delivered an item that cannot be reported: %s", reason)
+        held: list[tuple[HeldJob, bool]] = []
+        admitted: list[tuple[str, dict[str, Any], str | None]]
+        admitted = [(job["id"], job, None) for job in response.jobs]
+        admitted += [(job_id, {"id": job_id}, why) for job_id, why in response.malformed]
+        for job_id, payload, malformed in admitted:
+            job = self.ledger.add(job_id, payload)
+            if job is None:
+                log.warning("job %s delivered again while held; ignoring the duplicate", job_id)
+                continue
+            self._scopes[job_id] = trio.CancelScope(deadline=self.shutdown_deadline)
+            job.reason = malformed or ""
+            held.append((job, malformed is not None))
+        # Every job of the answer is held before any of them moves (the ledger is the take).
+        for job, is_malformed in held:
+            admission = on_admit(
+                self.phases.phase,
+                gate_open=self.phases.gate_open,
+                stop_remembered=stop_remembered(job.id),
+                malformed=is_malformed,
+            )
+            event = ADMISSION_EVENTS.get(admission)
+            if event is JobEvent.MARK_MALFORMED:
+                self.fire(job, event)
+            elif event is not None:
+                self.request(job, event)
+        return [job for job, _ in held]
+
+    def stop(self, job_id: str) -> bool:
+        """Stop a held job wherever it is; False when *job_id* is not held."""
+        job = self.ledger.get(job_id)
+        if job is None:
+            return False
+        if job.can(JobEvent.REQUEST_STOP):
+            self.request(job, JobEvent.REQUEST_STOP)
+        return True
+
+    def begin_shutdown(self, deadline: float) -> None:
+        """Give every held job *deadline*; release those behind a closed gate."""
+        self.shutdown_deadline = deadline
+        for job in self.ledger:
+            scope = self._scopes.get(job.id)
+            if scope is None:
+                continue
+            scope.deadline = deadline
+            if releases_at_shutdown(job.state, gate_open=self.phases.gate_open):
+                self.request(job, JobEvent.REQUEST_RELEASE)
+
+    # -- one job's task -------------------------------------------------------------------
+
+    async def job_task(self, job: HeldJob) -> None:
+        report: Report | None = None
+        try:
+            with self._scopes[job.id]:
+                report = await self._prepare(job)
+        except trio.Cancelled:
+            # From outside the job's scope: init failed, or serve() itself was cancelled.
+            await self._settle(job)
+            raise
+        if report is None:
+            # The job's own scope caught a stop, a release or the end of the grace.
+            await self._settle(job)
+        else:
+            await self._report(job, report.body, is_stream=report.is_stream)
+
+    async def _unwind_if_requested(self, job: HeldJob) -> None:
+        if job.state in (JobState.STOPPING, JobState.RELEASING):
+            await trio.lowlevel.checkpoint()  # the job's scope is cancelled: this raises
+
+    async def _prepare(self, job: HeldJob) -> Report:
+        """Inside the job's scope: the report on a malformed job, or the handler's."""
+        await self._unwind_if_requested(job)
+        if job.state is JobState.MALFORMED:
+            self.fire(job, JobEvent.FAIL)
+            return self.runner.malformed_report(job.id, job.reason)
+        if not self.phases.gate_open:
+            self.fire(job, JobEvent.WAIT_FOR_INIT)
+            await self.gate.wait()
+            # A stop or release in the same step as the gate opened: it wins.
+            await self._unwind_if_requested(job)
+        self.fire(job, JobEvent.START)
+        try:
+            report = await self.runner.run(job)
+        except BaseException as exc:
+            if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
+                raise
+            # The shutdown grace ran out while the handler was still running.
+            report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+        self.fire(job, JobEvent.FINISH)
+        return report
+
+    def _outcome(self, job: HeldJob) -> Outcome:
+        grace_over = trio.current_time() >= self.shutdown_deadline
+        return on_cancelled(job.state, self.phases.phase, grace_over=grace_over)
+
+    def _settle_now(self, job: HeldJob) -> bytes | None:
+        """Settle a cancelled job (``on_cancelled``); the body it is owed, if any."""
+        outcome = self._outcome(job)
+        if outcome is Outcome.STOP:
+            log.info("job %s stopped by the platform; nothing is reported", job.id)
+            self.fire(job, JobEvent.STOP)
+        elif outcome is Outcome.RELEASE:
+            log.info("job %s released unstarted at shutdown", job.id)
+            self.fire(job, JobEvent.RELEASE)
+        elif outcome is Outcome.REPORT_INIT_FAILURE:
+            self.fire(job, JobEvent.FAIL)
+            return self.init_failed_body
+        return None
+
+    async def _settle(self, job: HeldJob) -> None:
+        body = self._settle_now(job)
+        if body is not None:
+            await self._report(job, body, is_stream=False)
+
+    async def _report(self, job: HeldJob, body: bytes, *, is_stream: bool) -> None:
+        delivered = await self.delivery.deliver(job.id, body, is_stream=is_stream)
+        event, drain = on_delivered(
+            self.phases.phase, delivered=delivered, refresh_worker=self.refresh is not None
+        )
+        self.fire(job, event)
+        if drain and self.refresh is not None:
+            self.refresh()
+
+    async def fail_all(self, jobs: list[HeldJob]) -> None:
+        """Fail *jobs* with the init failure, all at once (docs/design.md §6.4)."""
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for job in jobs:
+                    body = self._settle_now(job)
+                    if body is not None:
+                        nursery.start_soon(partial(self._report, job, body, is_stream=False))

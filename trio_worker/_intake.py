@@ -1,0 +1,59 @@
+"""What governs taking: the concurrency in force and the stops remembered for unheld ids."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._options import Concurrency
+
+log = logging.getLogger("trio_worker")
+
+
+class Capacity:
+    """The concurrency in force: a fixed int, or a callable ``f(current) -> int`` asked
+    before every take (a bad answer or an exception keeps the current value)."""
+
+    def __init__(self, concurrency: Concurrency) -> None:
+        self._fn = concurrency if callable(concurrency) else None
+        self.value = 1 if callable(concurrency) else concurrency
+
+    def evaluate(self) -> int:
+        if self._fn is None:
+            return self.value
+        try:
+            wanted = self._fn(self.value)
+        except Exception:
+            log.exception("concurrency callable raised; keeping %d", self.value)
+            return self.value
+        if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 1:
+            self.value = wanted
+        else:
+            log.error("concurrency callable returned %r; keeping %d", wanted, self.value)
+        return self.value
+
+
+class StopMemory:
+    """Stops for ids not (yet) held: the take that delivers the job may still be on the
+    wire (the reference forgets them, docs/protocol.md §8 item 6).
+
+    Once more than *size* ids are remembered, those older than *seconds* are forgotten.
+    """
+
+    def __init__(self, seconds: float, size: int) -> None:
+        self.seconds = seconds
+        self.size = size
+        self._stops: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._stops)
+
+    def remember(self, job_id: str, now: float) -> None:
+        self._stops[job_id] = now
+        if len(self._stops) > self.size:
+            self._stops = {k: t for k, t in self._stops.items() if now - t < self.seconds}
+
+    def consume(self, job_id: str) -> bool:
+        """Whether a stop for *job_id* was remembered; it is forgotten either way."""
+        return self._stops.pop(job_id, None) is not None
