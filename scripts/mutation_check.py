@@ -248,6 +248,44 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
         required=False,
     ),
+    # The shields of sync code (threads) and of generator cleanup: caught only because the
+    # suite draws sync handlers, sync generators and generators left at a yield.
+    Mutation(
+        "thread-wait-unshielded",
+        "_handlers.py run_in_thread: a cancelled job stops waiting for its thread at once",
+        (
+            Patch(
+                "trio_worker/_handlers.py",
+                "with trio.CancelScope(shield=True) as wait:",
+                "with trio.CancelScope() as wait:",
+            ),
+        ),
+        required=False,
+    ),
+    Mutation(
+        "async-close-unshielded",
+        "_handlers.py Stream: an async generator's aclose() runs unshielded when cancelled",
+        (
+            Patch(
+                "trio_worker/_handlers.py",
+                "with trio.CancelScope(shield=True):\n                        await aclose()",
+                "with trio.CancelScope():\n                        await aclose()",
+            ),
+        ),
+        required=False,
+    ),
+    Mutation(
+        "sync-close-unshielded",
+        "_handlers.py Stream: a sync generator's close() thread is not started when cancelled",
+        (
+            Patch(
+                "trio_worker/_handlers.py",
+                "with trio.move_on_after(SYNC_CLOSE_BOUND, shield=True):",
+                "with trio.move_on_after(SYNC_CLOSE_BOUND):",
+            ),
+        ),
+        required=False,
+    ),
 )
 
 

@@ -51,7 +51,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -76,6 +76,7 @@ from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
 from trio_worker.testing._memory import memory_network
 
 from .strategies import PLAIN, TIMEOUT_LOOKALIKES, JobPlan, NetStep, Scenario, net_steps
+from .threads import Baton, Lane, in_worker_thread
 
 if TYPE_CHECKING:
     from hypothesis.strategies import DataObject
@@ -92,8 +93,10 @@ MAX_ERROR_BODY = 64 * 1024
 NET_DRAWS = 32
 # A run that has not ended this long (virtual) after its last action has hung.
 HANG_LIMIT = 400.0
-# Wall-clock guard against a busy loop inside one example.
-WALL_LIMIT = 30.0
+# Wall-clock guard against a busy loop inside one example: a hang guard, not a timing
+# assertion. An example takes milliseconds; only a loop that never yields reaches this,
+# however loaded the machine.
+WALL_LIMIT = 300.0
 # The driver shuts the worker down once idle, or at the latest this long after its last
 # action when no SIGTERM was drawn.
 SETTLE_LIMIT = 30.0
@@ -159,9 +162,15 @@ class HandlerRun:
     start_seq: int
     start_time: float
     planned_end: float
-    end_seq: int = -1
+    end_seq: int = -1  # -1: its code never finished (a thread abandoned, or still running)
     end_time: float = math.nan
     interrupted: bool = False
+    thread: bool = False  # sync code, run in the worker's threads
+    at_yield: bool = False  # a generator suspended at a yield (the worker holds its chunk)
+    yielded_at: float = math.nan  # when it last yielded
+    # Who closed a generator left at a yield: "worker" (its cleanup ran to the end),
+    # "interrupted" (the cleanup was cancelled), "gc" (left for the garbage collector).
+    closed: str = ""
 
 
 @dataclass
@@ -198,6 +207,8 @@ class Recorder:
     init_end: tuple[int, float] | None = None  # success only
     init_raised: tuple[int, float] | None = None
     init_interrupted: float | None = None
+    init_abandoned_end: float | None = None  # a sync initializer that ran on, abandoned
+    baton: Baton | None = None  # drives the threads of sync user code (threads.py)
     sigterm: tuple[int, float] | None = None
     serve_outcome: BaseException | str = "running"
     serve_end: float = math.nan
@@ -211,8 +222,9 @@ class Recorder:
     log: list[str] = field(default_factory=list)  # the worker's log lines, see example_log
     phases: list[PhaseChange] = field(default_factory=list)
 
-    def tick(self) -> tuple[int, float]:
-        return next(self.seq), trio.current_time()
+    def tick(self, at: float | None = None) -> tuple[int, float]:
+        """A sequence number and the virtual time (*at*: given by a thread in lock-step)."""
+        return next(self.seq), trio.current_time() if at is None else at
 
     @property
     def held(self) -> tuple[str, ...]:
@@ -526,12 +538,19 @@ NONJSON: list[object] = [{"a": {1, 2}}, b"bytes", float("nan")]
 
 
 class UserCode:
-    """The initializer and the handler of one scenario, recording what they do."""
+    """The initializer and the handler of one scenario, recording what they do.
+
+    Async code only ``trio.sleep``s. Sync code (handlers, generators, the initializer) runs
+    in the worker's threads and waits on the `Baton` in virtual time (``threads.py``); a
+    cooperative one calls ``trio_worker.check_cancelled()`` after each wait, one drawn
+    ``ignores_cancel`` never does.
+    """
 
     def __init__(self, scenario: Scenario, rec: Recorder) -> None:
         self.scenario = scenario
         self.rec = rec
         self.plans: dict[str, JobPlan] = {f"j{k}": plan for k, plan in enumerate(scenario.jobs)}
+        self.lanes: dict[str, Lane] = {}
 
     async def initializer(self) -> None:
         plan = self.scenario.init
@@ -544,20 +563,54 @@ class UserCode:
         except BaseException:
             rec.init_interrupted = trio.current_time()
             raise
-        if plan.outcome == "raise":
-            rec.init_raised = rec.tick()
-            raise make_error(plan.error, plan.message.render())
-        rec.init_end = rec.tick()
+        self._init_outcome(None)
 
-    def _start(self, job_id: str, plan: JobPlan) -> HandlerRun:
-        seq, now = self.rec.tick()
-        run = HandlerRun(job_id, seq, now, now + plan.duration)
+    def sync_initializer(self) -> None:
+        plan = self.scenario.init
+        rec = self.rec
+        assert rec.baton is not None
+        lane = Lane(rec.baton, "init", cooperative=not plan.ignores_cancel, kind="direct")
+        rec.init_start = lane.enter()
+        try:
+            try:
+                lane.nap(math.inf if plan.outcome == "hang" else plan.duration)
+            except BaseException:
+                if not rec.baton.closed:
+                    rec.init_interrupted = lane.now
+                raise
+            if not in_worker_thread() or not _hosted():
+                # Abandoned by init_timeout or SIGTERM, and ran on: nobody hears of it.
+                rec.init_abandoned_end = lane.now
+                return
+            self._init_outcome(lane.now)
+        finally:
+            lane.leave()
+
+    def _init_outcome(self, at: float | None) -> None:
+        plan = self.scenario.init
+        if plan.outcome == "raise":
+            self.rec.init_raised = self.rec.tick(at)
+            raise make_error(plan.error, plan.message.render())
+        self.rec.init_end = self.rec.tick(at)
+
+    def _start(self, job_id: str, plan: JobPlan, at: float | None = None) -> HandlerRun:
+        seq, now = self.rec.tick(at)
+        run = HandlerRun(job_id, seq, now, now + plan.duration, thread=at is not None)
         self.rec.handlers[job_id] = run
         return run
 
-    def _end(self, run: HandlerRun, *, interrupted: bool) -> None:
-        run.end_seq, run.end_time = self.rec.tick()
+    def _end(self, run: HandlerRun, *, interrupted: bool, at: float | None = None) -> None:
+        if self.rec.baton is not None and self.rec.baton.closed:
+            return  # the run is over (RunOver): the thread was abandoned, it never ended
+        run.end_seq, run.end_time = self.rec.tick(at)
         run.interrupted = interrupted
+
+    def _result(self, job_id: str, plan: JobPlan) -> Any:
+        if plan.outcome == "raise":
+            raise make_error(plan.error, plan.message.render())
+        if plan.outcome == "nonjson":
+            return {"k": job_id, "bad": NONJSON[len(job_id) % len(NONJSON)]}
+        return {"k": job_id, "n": plan.duration}
 
     async def handler(self, job: dict[str, Any]) -> Any:
         plan = self.plans[job["id"]]
@@ -570,11 +623,7 @@ class UserCode:
             self._end(run, interrupted=True)
             raise
         self._end(run, interrupted=False)
-        if plan.outcome == "raise":
-            raise make_error(plan.error, plan.message.render())
-        if plan.outcome == "nonjson":
-            return {"k": job["id"], "bad": NONJSON[len(job["id"]) % len(NONJSON)]}
-        return {"k": job["id"], "n": plan.duration}
+        return self._result(job["id"], plan)
 
     async def generator(self, job: dict[str, Any]) -> AsyncIterator[Any]:
         """The async generator function handler (``handler_kind`` ASYNC_GENERATOR)."""
@@ -584,22 +633,134 @@ class UserCode:
 
     async def _stream(self, job_id: str, plan: JobPlan) -> AsyncGenerator[Any, None]:
         run = self._start(job_id, plan)
-        step = plan.duration / (plan.chunks + 1)
+        for kind, value in script(job_id, plan):
+            if kind == "sleep":
+                try:
+                    await trio.sleep(value)
+                except BaseException:
+                    self._end(run, interrupted=True)
+                    raise
+            elif kind == "end":
+                self._end(run, interrupted=False)
+            elif kind == "raise":
+                raise make_error(plan.error, plan.message.render())
+            else:
+                run.at_yield, run.yielded_at = True, trio.current_time()
+                try:
+                    yield value
+                except GeneratorExit:
+                    run.at_yield = False
+                    if run.end_seq < 0:
+                        self._end(run, interrupted=True)
+                    try:
+                        # Cleanup that awaits (closing a connection): it must not be cut.
+                        await trio.lowlevel.checkpoint()
+                    except BaseException:
+                        run.closed = "interrupted"
+                        raise
+                    run.closed = "worker"
+                    raise
+                run.at_yield = False
+
+    def _lane(self, job_id: str, plan: JobPlan) -> Lane:
+        assert self.rec.baton is not None
+        if job_id not in self.lanes:
+            self.lanes[job_id] = Lane(
+                self.rec.baton, job_id, cooperative=not plan.ignores_cancel, kind="handler"
+            )
+        return self.lanes[job_id]
+
+    def sync_handler(self, job: dict[str, Any]) -> Any:
+        """A sync handler (in a thread); for a streaming plan it returns a sync generator."""
+        job_id = job["id"]
+        plan = self.plans[job_id]
+        lane = self._lane(job_id, plan)
+        now = lane.enter()
         try:
-            for i in range(plan.chunks):
-                await trio.sleep(step)
-                yield {"chunk": i, "k": job_id}
-            await trio.sleep(step)
-        except BaseException:
-            self._end(run, interrupted=True)
-            raise
-        self._end(run, interrupted=False)
-        if plan.outcome == "stream_raise":
-            raise make_error(plan.error, plan.message.render())
-        if plan.outcome == "stream_nonjson":
-            yield {"chunk": {1, 2}}
-        elif plan.outcome == "stream_error_chunk":
-            yield {"error": "chunk error"}
+            if plan.streams:
+                return self._sync_stream(job_id, plan)
+            run = self._start(job_id, plan, at=now)
+            try:
+                lane.nap(plan.duration)
+            except BaseException:
+                self._end(run, interrupted=True, at=lane.now)
+                raise
+            self._end(run, interrupted=False, at=lane.now)
+            return self._result(job_id, plan)
+        finally:
+            lane.leave()
+
+    def sync_generator(self, job: dict[str, Any]) -> Iterator[Any]:
+        """The sync generator function handler: each step runs in its own thread."""
+        plan = self.plans[job["id"]]
+        self._lane(job["id"], plan).enter()
+        yield from self._sync_stream(job["id"], plan)
+
+    def _sync_stream(self, job_id: str, plan: JobPlan) -> Generator[Any, None, None]:
+        """The chunks of *plan*; entered in the thread of the step that first runs it."""
+        lane = self._lane(job_id, plan)
+        if lane._me is None:  # created by sync_handler: this is the first step's thread
+            lane.enter()
+        run = self._start(job_id, plan, at=lane.now)
+        try:
+            for kind, value in script(job_id, plan):
+                if kind == "sleep":
+                    try:
+                        lane.nap(value)
+                    except BaseException:
+                        self._end(run, interrupted=True, at=lane.now)
+                        raise
+                elif kind == "end":
+                    self._end(run, interrupted=False, at=lane.now)
+                elif kind == "raise":
+                    raise make_error(plan.error, plan.message.render())
+                else:
+                    lane.leave()
+                    run.at_yield, run.yielded_at = True, lane.now
+                    try:
+                        yield value
+                    except GeneratorExit:
+                        run.at_yield = False
+                        self._sync_close(run, lane)
+                        raise
+                    run.at_yield = False
+                    lane.enter()  # the next step runs in a new thread
+        finally:
+            lane.leave()
+
+    def _sync_close(self, run: HandlerRun, lane: Lane) -> None:
+        if not in_worker_thread():
+            run.closed = "gc"  # on the trio thread, or after the run: the worker never closed it
+            return
+        lane.enter("direct")
+        if run.end_seq < 0:
+            self._end(run, interrupted=True, at=lane.now)
+        run.closed = "worker"
+
+
+def _hosted() -> bool:
+    """In a worker thread: its host task still waits for it (it was not abandoned)."""
+    try:
+        trio_worker.check_cancelled()
+    except trio.Cancelled:
+        return False
+    return True
+
+
+def script(job_id: str, plan: JobPlan) -> list[tuple[str, Any]]:
+    """What a streaming handler does: sleep, yield chunks, end, then its outcome."""
+    step = plan.duration / (plan.chunks + 1)
+    steps: list[tuple[str, Any]] = []
+    for i in range(plan.chunks):
+        steps += [("sleep", step), ("yield", {"chunk": i, "k": job_id})]
+    steps += [("sleep", step), ("end", None)]
+    if plan.outcome == "stream_raise":
+        steps.append(("raise", None))
+    elif plan.outcome == "stream_nonjson":
+        steps.append(("yield", {"chunk": {1, 2}}))
+    elif plan.outcome == "stream_error_chunk":
+        steps.append(("yield", {"error": "chunk error"}))
+    return steps
 
 
 class CycleConcurrency:
@@ -746,13 +907,19 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
     capture = None
     if scn.logs is not None:
         capture = text_capture(scn.logs.render(), Redactor.from_environ(environ))
-    handler: Callable[[dict[str, Any]], Any] = (
-        code.generator if scn.handler == "async_generator" else code.handler
-    )
+    handler: Callable[[dict[str, Any]], Any] = {
+        "async": code.handler,
+        "async_generator": code.generator,
+        "sync": code.sync_handler,
+        "sync_generator": code.sync_generator,
+    }[scn.handler]
+    initializer: Callable[[], Any] | None = None
+    if scn.init.outcome != "none":
+        initializer = code.sync_initializer if scn.init.sync else code.initializer
     serve = functools.partial(
         trio_worker.testing.serve,
         handler,
-        initializer=None if scn.init.outcome == "none" else code.initializer,
+        initializer=initializer,
         init_timeout=scn.init.timeout,
         concurrency=concurrency,
         return_aggregate_stream=scn.aggregate,
@@ -768,6 +935,8 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
 
     with trio.move_on_after(scn.last_action() + SETTLE_LIMIT + HANG_LIMIT) as guard:
         async with memory_network(app) as opener, trio.open_nursery() as nursery:
+            if rec.baton is not None:
+                nursery.start_soon(rec.baton.run)
 
             async def worker(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
                 try:
@@ -833,10 +1002,14 @@ def example_log(lines: list[str]) -> Iterator[None]:
 def run_scenario(scenario: Scenario, data: DataObject | None = None) -> Run:
     """Run *scenario* (network steps drawn from *data*) in a fresh ``trio.run``."""
     rec = Recorder(scenario, data)
+    if scenario.threads:
+        # The baton is the autojump: it jumps only when no thread is on its way in or out.
+        clock = trio.testing.MockClock()
+        rec.baton = Baton(clock)
+    else:
+        clock = trio.testing.MockClock(autojump_threshold=0)
     with example_log(rec.log):
-        platform = trio.run(
-            _main, scenario, rec, clock=trio.testing.MockClock(autojump_threshold=0)
-        )
+        platform = trio.run(_main, scenario, rec, clock=clock)
     if rec.draw_error is not None:
         raise rec.draw_error
     return Run(scenario, rec, platform)
@@ -1484,6 +1657,68 @@ def check_phases(run: Run) -> list[str]:
     return out
 
 
+def check_thread_slots(run: Run) -> list[str]:
+    """§9 for sync code: a stopped job keeps its slot until its thread returns, so at every
+    handler start the handlers still running (threads included) fit the concurrency in
+    force; serve() never returns while a handler thread runs, unless the end of the
+    shutdown grace abandoned it."""
+    rec = run.rec
+    out = []
+    events: list[tuple[int, str, int]] = []
+    for ex in rec.exchanges:
+        if ex.route in ("take", "take_batch"):
+            events.append((ex.seq, "take", ex.concurrency))
+    for h in rec.handlers.values():
+        events.append((h.start_seq, "start", 0))
+        if h.end_seq >= 0:
+            events.append((h.end_seq, "end", 0))
+    events.sort()
+    limit, live = 0, 0
+    for seq, what, value in events:
+        if what == "take":
+            limit = value
+        elif what == "end":
+            live -= 1
+        else:
+            live += 1
+            if live > limit:
+                running = [h.job_id for h in rec.handlers.values() if h.start_seq <= seq]
+                out.append(
+                    f"threads: {live} handlers running at [{seq}], concurrency {limit}: {running}"
+                )
+    grace_end = math.inf
+    if rec.sigterm is not None:
+        grace_end = rec.sigterm[1] + run.scenario.timings.shutdown_grace
+    for h in rec.handlers.values():
+        if h.thread and h.end_seq < 0 and rec.serve_end < grace_end - EPS:
+            out.append(
+                f"threads {h.job_id}: serve() returned at {rec.serve_end:g} with its handler "
+                f"thread running, before the shutdown grace ended ({grace_end:g})"
+            )
+    return out
+
+
+def check_generators_closed(run: Run) -> list[str]:
+    """A generator the worker stopped consuming at a yield (an error or non-JSON chunk, a
+    stop, the shutdown grace) is closed by the worker, its cleanup run to the end: in a
+    worker thread for a sync generator, never left to the garbage collector."""
+    rec = run.rec
+    grace_end = math.inf
+    if rec.sigterm is not None:
+        grace_end = rec.sigterm[1] + run.scenario.timings.shutdown_grace
+    out = []
+    for h in rec.handlers.values():
+        if h.yielded_at >= grace_end - EPS:
+            # A step still running in its thread at the end of the grace was abandoned; a
+            # running generator cannot be closed, it yields into the void.
+            continue
+        if h.at_yield:
+            out.append(f"generator {h.job_id}: left suspended at a yield, never closed")
+        elif h.closed not in ("", "worker"):
+            out.append(f"generator {h.job_id}: closed by {h.closed!r}, not by the worker")
+    return out
+
+
 CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "ended": check_run_ended,
     "platform": check_platform,
@@ -1503,6 +1738,8 @@ CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "shutdown": check_shutdown,
     "connections": check_connections,
     "phases": check_phases,
+    "threads": check_thread_slots,
+    "closed": check_generators_closed,
 }
 
 
@@ -1530,6 +1767,14 @@ def describe(run: Run) -> list[str]:
         labels.append("platform faults hit")
     if any(len(t.held) > 1 for t in rec.transitions):
         labels.append("several jobs held at once")
+    if run.scenario.threads:
+        labels.append(f"sync code ({run.scenario.handler} handler)")
+    if any(h.thread and h.end_seq < 0 for h in rec.handlers.values()):
+        labels.append("a handler thread was abandoned")
+    if rec.init_abandoned_end is not None or (run.scenario.init.sync and rec.init_interrupted):
+        labels.append("a sync initializer was abandoned")
+    if any(h.closed == "worker" for h in rec.handlers.values()):
+        labels.append("a generator left at a yield was closed")
     return labels
 
 

@@ -21,7 +21,9 @@ import trio_worker
 
 __all__ = [
     "ERRORS",
+    "GENERATORS",
     "PLAIN",
+    "SYNC_HANDLERS",
     "Batch",
     "FaultPlan",
     "InitPlan",
@@ -107,6 +109,10 @@ class InitPlan:
     error: str
     message: Text
     timeout: float | None
+    # A sync initializer runs in a thread (abandoned by init_timeout or SIGTERM); one that
+    # ignores cancellation never calls check_cancelled() and runs on after it is abandoned.
+    sync: bool = False
+    ignores_cancel: bool = False
 
     def __repr__(self) -> str:
         if self.outcome == "none":
@@ -116,6 +122,8 @@ class InitPlan:
             what += f" with {self.error}({self.message!r})"
         elif self.outcome == "hang":
             what = "hang"
+        if self.sync:
+            what = f"sync{' ignoring stops' if self.ignores_cancel else ''} {what}"
         return f"InitPlan({what}, init_timeout={self.timeout!r})"
 
 
@@ -128,6 +136,9 @@ class JobPlan:
     chunks: int = 0
     error: str = "RuntimeError"
     message: Text = Text("boom", 1)
+    # Sync handlers only: never call check_cancelled(), so a stopped job's thread runs to
+    # its end (the job keeps its slot) unless the end of the shutdown grace abandons it.
+    ignores_cancel: bool = False
 
     @property
     def streams(self) -> bool:
@@ -139,6 +150,8 @@ class JobPlan:
         extra = f", chunks={self.chunks}" if self.streams else ""
         if self.outcome in ("raise", "stream_raise"):
             extra += f", {self.error}({self.message!r})"
+        if self.ignores_cancel:
+            extra += ", ignores stops"
         return f"JobPlan({self.outcome}, {self.duration:g}s{extra})"
 
 
@@ -223,8 +236,20 @@ class NetStep:
 
 PLAIN = NetStep()
 WHENS: tuple[Literal["before", "after"], ...] = ("before", "after")
-HandlerKind = Literal["async", "async_generator"]
-HANDLERS: tuple[HandlerKind, ...] = ("async", "async", "async_generator")
+HandlerKind = Literal["async", "async_generator", "sync", "sync_generator"]
+# Sync kinds run in threads (each step of a sync generator too): about a third of the
+# examples, since a thread round trip costs real time where virtual time costs nothing.
+HANDLERS: tuple[HandlerKind, ...] = (
+    "async",
+    "async",
+    "async",
+    "async_generator",
+    "async_generator",
+    "sync",
+    "sync_generator",
+)
+SYNC_HANDLERS = frozenset({"sync", "sync_generator"})
+GENERATORS = frozenset({"async_generator", "sync_generator"})
 
 
 @dataclass(frozen=True)
@@ -249,6 +274,11 @@ class Scenario:
     @property
     def jobs(self) -> tuple[JobPlan, ...]:
         return tuple(job for batch in self.batches for job in batch.jobs)
+
+    @property
+    def threads(self) -> bool:
+        """User code runs in threads: a sync handler or a sync initializer."""
+        return self.handler in SYNC_HANDLERS or self.init.sync
 
     @property
     def max_concurrency(self) -> int:
@@ -317,7 +347,9 @@ def init_plans(
         timeout = max(0.25, duration + draw(st.sampled_from([-1.0, -0.25, 0.0, 0.25])))
     elif kind == "zero":
         timeout = 0.0
-    return InitPlan(outcome, duration, error, message, timeout)
+    sync = outcome != "none" and draw(st.integers(0, 2)) == 0
+    ignores = sync and draw(st.booleans())
+    return InitPlan(outcome, duration, error, message, timeout, sync, ignores)
 
 
 @st.composite
@@ -327,6 +359,7 @@ def job_plans(
     huge: float,
     max_duration: float,
     min_duration: float = 0.0,
+    sync: bool = False,
 ) -> JobPlan:
     outcome = draw(st.sampled_from(outcomes))
     if outcome == "malformed":
@@ -335,7 +368,8 @@ def job_plans(
     chunks = draw(st.integers(0, 3)) if outcome in STREAM_OUTCOMES else 0
     error = draw(st.sampled_from(ERRORS))
     message = draw(texts(huge)) if outcome in ("raise", "stream_raise") else Text("boom", 1)
-    return JobPlan(outcome, duration, chunks, error, message)
+    ignores = sync and draw(st.integers(0, 2)) == 0
+    return JobPlan(outcome, duration, chunks, error, message, ignores)
 
 
 ROUTES = ("take", "take_batch", "stop", "done", "stream", "ping")
@@ -407,11 +441,12 @@ def scenarios(
     if outcomes is None:
         outcomes = (*PLAIN_OUTCOMES, *STREAM_OUTCOMES, "malformed")
     streams = any(o in STREAM_OUTCOMES for o in outcomes)
-    # An async generator function streams every job: only when streams are allowed.
-    handler: HandlerKind = draw(st.sampled_from(HANDLERS)) if streams else "async"
-    if handler == "async_generator":
+    # A generator function streams every job: only when streams are allowed.
+    kinds = HANDLERS if streams else tuple(k for k in HANDLERS if k not in GENERATORS)
+    handler: HandlerKind = draw(st.sampled_from(kinds))
+    if handler in GENERATORS:
         outcomes = tuple(o for o in outcomes if o in STREAM_OUTCOMES or o == "malformed")
-    job = job_plans(outcomes, huge, max_duration, min_duration)
+    job = job_plans(outcomes, huge, max_duration, min_duration, handler in SYNC_HANDLERS)
     batches: list[Batch] = []
     remaining = draw(st.integers(0, max_jobs))
     while remaining > 0:
