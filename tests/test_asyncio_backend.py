@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import runpy
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,7 +47,7 @@ class Engine:
                 future.set_result(value * 2)
 
     async def generate(self, value: int) -> int:
-        future = self.loop.create_future()
+        future: asyncio.Future[int] = self.loop.create_future()
         await self.requests.put((value, future))
         return await future
 
@@ -117,7 +119,7 @@ async def test_a_stop_cancels_the_asyncio_task_mid_stream(
     nursery: trio.Nursery, backend: str
 ) -> None:
     seen: list[str] = []
-    streaming = trio.Event()
+    streaming, finished = trio.Event(), trio.Event()
 
     async def handler(job: dict[str, Any]) -> AsyncIterator[int]:
         try:
@@ -131,6 +133,7 @@ async def test_a_stop_cancels_the_asyncio_task_mid_stream(
             raise
         finally:
             seen.append("finally")
+            finished.set()  # from the asyncio task: trio wakes as from any host callback
 
     platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
     await start_worker(nursery, platform, handler)
@@ -138,8 +141,7 @@ async def test_a_stop_cancels_the_asyncio_task_mid_stream(
     with trio.fail_after(WAIT):
         await streaming.wait()
         platform.request_stop(job_id)
-        while "finally" not in seen:
-            await trio.sleep(0.005)
+        await finished.wait()
     assert seen == ["CancelledError", "finally"]
     nursery.cancel_scope.cancel()
 
@@ -149,8 +151,10 @@ async def test_shutdown_past_the_grace_cancels_the_handler_and_reports_the_job(
     nursery: trio.Nursery, backend: str
 ) -> None:
     seen: list[str] = []
+    started = trio.Event()
 
     async def handler(job: dict[str, Any]) -> object:
+        started.set()
         try:
             await asyncio.Event().wait()  # never set: only a cancellation ends this
         except asyncio.CancelledError:
@@ -164,8 +168,7 @@ async def test_shutdown_past_the_grace_cancels_the_handler_and_reports_the_job(
     )
     job_id = platform.enqueue({})
     with trio.fail_after(WAIT):
-        while not handle.held_ids:
-            await trio.sleep(0.005)
+        await started.wait()
         handle.shutdown("test")
         record = await platform.wait_for_status(job_id, "FAILED")
     assert seen == ["CancelledError"]
@@ -344,6 +347,28 @@ async def test_sync_handlers_still_run_in_threads_beside_the_loop(
     with trio.fail_after(WAIT):
         record = await platform.wait_for_status(job_id, "COMPLETED")
     assert record.output == "ran"
+    nursery.cancel_scope.cancel()
+
+
+@ASYNCIO_ONLY
+async def test_the_vllm_style_example_serves_concurrent_streams(
+    nursery: trio.Nursery, backend: str
+) -> None:
+    example = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "vllm_style_worker.py"))
+    platform = FakePlatform(take_hold=1.0)
+    await start_worker(
+        nursery,
+        platform,
+        example["handler"],
+        initializer=example["load_engine"],
+        concurrency=example["concurrency_modifier"],
+        return_aggregate_stream=True,
+    )
+    ids = [platform.enqueue({"prompt": f"p{n}", "tokens": 4}) for n in range(16)]
+    with trio.fail_after(WAIT):
+        for n, job_id in enumerate(ids):
+            record = await platform.wait_for_status(job_id, "COMPLETED")
+            assert record.stream == [f"p{n}-{i}" for i in range(4)]
     nursery.cancel_scope.cancel()
 
 

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER_APP = REPO / "tests" / "integration" / "worker_app.py"
 ECHO = REPO / "examples" / "echo_worker.py"
 STREAMING = REPO / "examples" / "streaming_worker.py"
+VLLM_STYLE = REPO / "examples" / "vllm_style_worker.py"
 
 
 def run(
@@ -148,6 +149,18 @@ def test_asyncio_code_under_trio_names_the_option() -> None:
     assert done.returncode == 1
     error = json.loads(str(last_json(done.stdout)["error"]))
     assert "async_backend" in error["error_message"]
+
+
+def test_the_vllm_style_example_streams_tokens_from_its_asyncio_engine() -> None:
+    done = run(VLLM_STYLE, "--test_input", '{"input": {"prompt": "hi", "tokens": 3}}')
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert lines == [
+        {"stream": "hi-0"},
+        {"stream": "hi-1"},
+        {"stream": "hi-2"},
+        {"output": ["hi-0", "hi-1", "hi-2"]},
+    ]
 
 
 def test_reference_one_dict_form(tmp_path: Path) -> None:

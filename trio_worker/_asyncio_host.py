@@ -18,12 +18,14 @@ import asyncio
 import collections
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
 from ._exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 
 log = logging.getLogger("trio_worker")
 

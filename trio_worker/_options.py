@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._asyncio_host import asyncio_initializer
 from ._config import CaptureMode, Timings
 from ._exceptions import ConfigurationError
-from ._asyncio_host import asyncio_initializer
 from ._initializer import is_async_initializer, validate_init_timeout
 
 if TYPE_CHECKING:

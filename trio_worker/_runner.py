@@ -262,7 +262,8 @@ class JobRunner:
                     logs = self._logs(output, mark)
                     final = generator_error_body(
                         explain_backend(exc, on_asyncio=self.spec.on_asyncio),
-                        logs=logs, redactor=self.settings.redactor
+                        logs=logs,
+                        redactor=self.settings.redactor,
                     )
         if final is None:
             body = stream_final_body(aggregate, aggregate=aggregate is not None)

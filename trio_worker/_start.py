@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-
 from . import _worker
 from ._asyncio_host import run_for
 from ._capture import OutputCapture, install_python_stream_attribution

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from ._asyncio_host import require_host
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
-from ._asyncio_host import require_host
 from ._options import AsyncBackend, Concurrency, WorkerOptions, initializer_for, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
@@ -343,10 +343,9 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         log.error("progress_update for job %s not sent: %s", job_id, err)
         return
     try:
-        # A trio task of this run may post at once; anything else (a thread, an asyncio
-        # task on the host loop between trio's ticks) goes through the token.
+        # On the trio thread (a trio task, or an asyncio task between trio's ticks on the
+        # asyncio backend) the post is registered at once, before the job can end.
         current = trio.lowlevel.current_trio_token()
-        trio.lowlevel.current_task()
     except RuntimeError:
         current = None
     if current is target.token:
