@@ -384,3 +384,28 @@ async def test_serve_on_the_asyncio_backend_without_a_host_loop_says_how_to_get_
             environ=platform.worker_env("http://platform"),
             capture_logs="off",
         )
+
+
+def test_the_host_loop_ends_even_when_a_task_ignores_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asyncio.run() would wait for such a task forever: the worker process could never exit.
+    from trio_worker import _asyncio_host
+
+    monkeypatch.setattr(_asyncio_host, "LEFTOVER_BOUND", 0.01)
+    cancellations: list[int] = []
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(0.001)
+            except asyncio.CancelledError:
+                cancellations.append(1)
+
+    async def main() -> str:
+        asyncio.get_running_loop().create_task(stubborn())
+        await trio.lowlevel.checkpoint()
+        return "returned"
+
+    assert trio_worker.run_asyncio_host(main) == "returned"
+    assert cancellations  # it was asked to stop, and the host moved on anyway

@@ -55,7 +55,39 @@ def run_asyncio_host(
     ``async_backend="asyncio"`` runs its async handlers on this loop. Its signature matches
     ``trio.run`` so pytest-trio can use it (``@pytest.mark.trio(run=run_asyncio_host)``).
     """
-    return asyncio.run(_host_main(async_fn, args, clock, tuple(instruments)))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(_host_main(async_fn, args, clock, tuple(instruments)))
+    finally:
+        try:
+            _end_leftovers(loop)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+# How long the tasks the user's code left on the loop (an engine's background loop) get to
+# finish once cancelled. asyncio.run() would wait for them without end, so one task that
+# swallows its cancellation would keep the process from ever exiting.
+LEFTOVER_BOUND = 1.0
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=LEFTOVER_BOUND))
+        if pending:
+            log.warning("%d asyncio task(s) ignored their cancellation at exit", len(pending))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the worker is ending either way
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), LEFTOVER_BOUND))
+    except TimeoutError:
+        log.warning("async generators still closing at exit")
 
 
 async def _host_main(
