@@ -57,6 +57,10 @@ class Settings:
     reference_stream_jobs: int = 2
     stream_chunks: int = 1000
     import_repeats: int = 3
+    streams: int = 64  # concurrent streams (one job each, concurrency 64)
+    streams_chunks: int = 300  # per stream, no gap between chunks
+    paced_chunks: int = 150  # per stream at 50 chunks/s: 3 s
+    paced_interval: float = 0.02
 
     @classmethod
     def for_run(cls, quick: bool, jobs: int | None) -> Settings:
@@ -79,6 +83,8 @@ class Settings:
             reference_stream_jobs=1,
             stream_chunks=200,
             import_repeats=1,
+            streams_chunks=50,
+            paced_chunks=25,
         )
 
 
@@ -168,7 +174,7 @@ class Bench:
 # -- throughput and take->done overhead ------------------------------------------------------
 
 
-def throughput(bench: Bench, sdk: Sdk, concurrency: int) -> Result:
+def throughput(bench: Bench, sdk: Sdk, concurrency: int, backend: str = "trio") -> Result:
     """No-op jobs through one worker at *concurrency*, from a preloaded queue.
 
     jobs/s = finished jobs / (last done - first take answer sent). Overhead = per job, done
@@ -179,7 +185,7 @@ def throughput(bench: Bench, sdk: Sdk, concurrency: int) -> Result:
     jobs = s.reference_jobs_per_slot * concurrency if reference else s.jobs
     cap = s.reference_seconds if reference else 300.0
     bench.platform.reset(jobs, take_hold=2.0)
-    worker = bench.start_worker(sdk, "noop", concurrency)
+    worker = bench.start_worker(sdk, "noop", concurrency, BENCH_BACKEND=backend)
     peak: TreeRss | None = None
     try:
         bench.wait_until_taken(worker)
@@ -459,4 +465,72 @@ def streaming(bench: Bench, sdk: Sdk) -> Result:
         "complete": all(j["stream"] == s.stream_chunks for j in done),
         "chunks_per_s": chunks / seconds if seconds > 0 else None,
         "worker_cpu_ms_per_chunk": cpu * 1000 / chunks if chunks else None,
+    }
+
+
+# -- many concurrent streams ----------------------------------------------------------------
+
+
+def _run_streams(bench: Bench, sdk: Sdk, scenario: str, chunks: int, **extra: str) -> Result:
+    """``streams`` jobs at once, one stream each; the platform's report once all are done."""
+    s = bench.settings
+    bench.platform.reset(s.streams, take_hold=5.0)
+    worker = bench.start_worker(sdk, scenario, s.streams, BENCH_CHUNKS=str(chunks), **extra)
+    try:
+        bench.wait_until_taken(worker)
+        deadline = time.monotonic() + 120
+        while bench.platform.progress()["finished"] < s.streams:
+            worker.check_alive()
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    finally:
+        kill_group(worker)
+    report: Result = bench.platform.report()
+    if not any(j["status"] == "COMPLETED" for j in report["jobs"]):
+        raise RuntimeError(f"no streaming job finished:\n{worker.log_tail()}")
+    return report
+
+
+def many_streams(bench: Bench, sdk: Sdk, backend: str = "asyncio") -> Result:
+    """64 async-generator streams at once, no gap between chunks: aggregate chunks/s
+    from the first take answer sent to the last job-done."""
+    s = bench.settings
+    report = _run_streams(bench, sdk, "stream", s.streams_chunks, BENCH_BACKEND=backend)
+    done = [j for j in report["jobs"] if j["status"] == "COMPLETED"]
+    chunks = sum(j["stream"] for j in done)
+    span = max(j["done"] for j in done) - min(j["sent"] or j["take"] for j in done)
+    return {
+        "backend": backend,
+        "streams": len(done),
+        "chunks_received": chunks,
+        "complete": all(j["stream"] == s.streams_chunks for j in done),
+        "chunks_per_s": chunks / span if span > 0 else None,
+    }
+
+
+def paced_streams(bench: Bench, sdk: Sdk, backend: str = "asyncio") -> Result:
+    """64 streams at 50 chunks/s each: latency from each ``yield`` to the chunk's arrival
+    at the platform (wall clocks of one machine)."""
+    s = bench.settings
+    report = _run_streams(
+        bench,
+        sdk,
+        "stream_paced",
+        s.paced_chunks,
+        BENCH_BACKEND=backend,
+        BENCH_CHUNK_INTERVAL=str(s.paced_interval),
+    )
+    latency: list[float] = report["chunk_latency_ms"]
+    if not latency:
+        raise RuntimeError("no paced chunk arrived")
+    return {
+        "backend": backend,
+        "chunks": len(latency),
+        "offered_chunks_per_s": s.streams / s.paced_interval,
+        "latency_ms": {
+            "p50": quantile(latency, 0.50),
+            "p99": quantile(latency, 0.99),
+            "max": max(latency),
+        },
     }

@@ -10,7 +10,9 @@ wrapper only adds what a benchmark needs and the stock ``/_stats`` does not give
   round-trip error), comparable with the harness's own ``time.time()`` readings;
 * when each take answer was *sent* (handed to the socket), per job;
 * when the first request of each kind (take, stop, ping, done) arrived;
-* when a stop signal was delivered, and how many stream chunks arrived, per job.
+* when a stop signal was delivered, and how many stream chunks arrived, per job;
+* for each stream chunk carrying ``"t"`` (the wall-clock time of its ``yield``), the time
+  from that ``yield`` to the chunk's arrival here, in ms (``chunk_latency_ms``).
 
 Benchmark routes (all answer JSON):
 
@@ -71,6 +73,14 @@ def _job_ids(body: bytes) -> list[str]:
     return [item["id"] for item in items if isinstance(item, dict) and "id" in item]
 
 
+def _stream_output(body: bytes) -> object:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value.get("output") if isinstance(value, dict) else None
+
+
 class BenchPlatform:
     """An ASGI app: a swappable :class:`FakePlatform` plus the ``/_bench/`` routes."""
 
@@ -78,6 +88,7 @@ class BenchPlatform:
         self.platform: FakePlatform
         self.first_request: dict[str, float] = {}
         self.sent: dict[str, float] = {}
+        self.chunk_latency_ms: list[float] = []
         self.reset(preload, take_hold, stop_hold)
 
     def reset(self, preload: int, take_hold: float, stop_hold: float) -> None:
@@ -86,6 +97,7 @@ class BenchPlatform:
         )
         self.first_request = {}
         self.sent = {}
+        self.chunk_latency_ms = []
         for i in range(preload):
             self.platform.enqueue({"n": i})
 
@@ -102,7 +114,25 @@ class BenchPlatform:
             self.first_request[kind] = trio.current_time()
         if kind == "take":
             send = self._timed_send(send)
+        if "/job-stream/" in path:
+            receive = self._timed_receive(receive)
         await self.platform(scope, receive, send)
+
+    def _timed_receive(self, receive: Receive) -> Receive:
+        body = bytearray()
+
+        async def timed() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body"):
+                    now = time.time()
+                    output = _stream_output(bytes(body))
+                    if isinstance(output, dict) and isinstance(output.get("t"), float):
+                        self.chunk_latency_ms.append((now - output["t"]) * 1000)
+            return message
+
+        return timed
 
     def _timed_send(self, send: Send) -> Send:
         sent = self.sent
@@ -172,6 +202,7 @@ class BenchPlatform:
             "pings": stats.pings,
             "duplicate_reports": stats.duplicate_reports,
             "jobs": jobs,
+            "chunk_latency_ms": self.chunk_latency_ms,
         }
 
 

@@ -112,8 +112,22 @@ def run_sdk(bench: _figures.Bench, sdk: _sdks.Sdk) -> dict[str, Any]:
     _attempt("start-up, idle memory", results, "startup", lambda: _figures.startup(bench, sdk))
     _attempt("stop signal", results, "stop", lambda: _figures.stop_signal(bench, sdk))
     _attempt("streaming", results, "stream", lambda: _figures.streaming(bench, sdk))
+    _attempt("64 streams", results, "streams", lambda: _figures.many_streams(bench, sdk))
+    _attempt("64 paced streams", results, "paced", lambda: _figures.paced_streams(bench, sdk))
     if sdk.key == "trio_worker":
         _attempt("init failure", results, "init_failure", lambda: _figures.init_failure(bench, sdk))
+        _attempt(
+            "throughput c=8, asyncio backend",
+            results,
+            "asyncio_c8",
+            partial(_figures.throughput, bench, sdk, 8, "asyncio"),
+        )
+        _attempt(
+            "64 streams, trio backend",
+            results,
+            "streams_trio",
+            partial(_figures.many_streams, bench, sdk, "trio"),
+        )
     results["import_ms"] = _import_ms(bench, sdk)
     return results
 

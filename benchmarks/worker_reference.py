@@ -21,6 +21,7 @@ SCENARIO = os.environ.get("BENCH_SCENARIO", "noop")
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))
 CHUNKS = int(os.environ.get("BENCH_CHUNKS", "100"))
 MARK_FILE = os.environ.get("BENCH_MARK_FILE", os.devnull)
+CHUNK_INTERVAL = float(os.environ.get("BENCH_CHUNK_INTERVAL", "0.02"))
 
 
 def mark(event: str, job_id: str) -> None:
@@ -39,6 +40,13 @@ async def stream(job: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
         yield {"i": i}
 
 
+async def stream_paced(job: dict[str, Any]) -> AsyncIterator[dict[str, float]]:
+    start = time.monotonic()
+    for i in range(CHUNKS):
+        await asyncio.sleep(max(0.0, start + i * CHUNK_INTERVAL - time.monotonic()))
+        yield {"i": i, "t": time.time()}
+
+
 async def wait_for_stop(job: dict[str, Any]) -> dict[str, Any]:
     mark("start", job["id"])
     try:
@@ -50,7 +58,12 @@ async def wait_for_stop(job: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    handlers = {"noop": noop, "stream": stream, "stop": wait_for_stop}
+    handlers = {
+        "noop": noop,
+        "stream": stream,
+        "stream_paced": stream_paced,
+        "stop": wait_for_stop,
+    }
     runpod.serverless.start(
         {"handler": handlers[SCENARIO], "concurrency_modifier": lambda current: CONCURRENCY}
     )

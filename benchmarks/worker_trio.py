@@ -5,18 +5,31 @@ reference SDK, so both answer the same jobs with the same handlers:
 
 * ``noop``: an async handler returning a small dict;
 * ``stream``: an async generator yielding ``BENCH_CHUNKS`` small chunks;
+* ``stream_paced``: the same, one chunk every ``BENCH_CHUNK_INTERVAL`` seconds, each chunk
+  carrying the wall-clock time of its ``yield`` (for yield-to-receipt latency);
 * ``stop``: an async handler that waits, and writes the wall-clock time at which it was
   cancelled to ``BENCH_MARK_FILE``;
 * ``initfail``: an initializer that holds the jobs for ``BENCH_INIT_SECONDS``, writes the
   wall-clock time of its failure to ``BENCH_MARK_FILE``, then raises.
+
+``BENCH_BACKEND`` ("trio" by default, or "asyncio") is the worker's ``async_backend``; the
+handlers sleep on whichever loop runs them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
+# The checkout this file lives in, not whatever trio_worker the interpreter has installed
+# (the harness strips PYTHONPATH from a worker's environment).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import sniffio
 import trio
 
 import trio_worker
@@ -29,6 +42,17 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))
 CHUNKS = int(os.environ.get("BENCH_CHUNKS", "100"))
 MARK_FILE = os.environ.get("BENCH_MARK_FILE", os.devnull)
 INIT_SECONDS = float(os.environ.get("BENCH_INIT_SECONDS", "0.5"))
+BACKEND: Literal["trio", "asyncio"] = (
+    "asyncio" if os.environ.get("BENCH_BACKEND") == "asyncio" else "trio"
+)
+CHUNK_INTERVAL = float(os.environ.get("BENCH_CHUNK_INTERVAL", "0.02"))
+
+
+async def sleep(seconds: float) -> None:
+    if sniffio.current_async_library() == "asyncio":
+        await asyncio.sleep(seconds)
+    else:
+        await trio.sleep(seconds)
 
 
 def mark(event: str, job_id: str) -> None:
@@ -47,26 +71,42 @@ async def stream(job: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
         yield {"i": i}
 
 
+async def stream_paced(job: dict[str, Any]) -> AsyncIterator[dict[str, float]]:
+    start = time.monotonic()
+    for i in range(CHUNKS):
+        # Paced against a fixed schedule, so a late step does not push back the rest.
+        await sleep(max(0.0, start + i * CHUNK_INTERVAL - time.monotonic()))
+        yield {"i": i, "t": time.time()}
+
+
 async def wait_for_stop(job: dict[str, Any]) -> dict[str, Any]:
     mark("start", job["id"])
     try:
-        await trio.sleep(60)
-    except trio.Cancelled:
+        await sleep(60)
+    except (trio.Cancelled, asyncio.CancelledError):
         mark("cancel", job["id"])
         raise
     return {"ok": True}
 
 
 async def failing_init() -> None:
-    await trio.sleep(INIT_SECONDS)
+    await sleep(INIT_SECONDS)
     mark("init_failed", "-")
     raise RuntimeError("benchmark: the model failed to load")
 
 
 if __name__ == "__main__":
     if SCENARIO == "initfail":
-        trio_worker.start(noop, initializer=failing_init, concurrency=CONCURRENCY)
-    handlers = {"noop": noop, "stream": stream, "stop": wait_for_stop}
+        trio_worker.start(
+            noop, initializer=failing_init, concurrency=CONCURRENCY, async_backend=BACKEND
+        )
+    handlers = {
+        "noop": noop,
+        "stream": stream,
+        "stream_paced": stream_paced,
+        "stop": wait_for_stop,
+    }
     trio_worker.start(
-        {"handler": handlers[SCENARIO], "concurrency_modifier": lambda current: CONCURRENCY}
+        {"handler": handlers[SCENARIO], "concurrency_modifier": lambda current: CONCURRENCY},
+        async_backend=BACKEND,
     )

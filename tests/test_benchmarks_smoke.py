@@ -31,6 +31,11 @@ EXPECTED_ROWS = {
     "init_failure": "init failure → all 8 held jobs reported",
     "stop": "stop signal → async handler cancelled",
     "stream": "streamed chunks/s (async generator)",
+    "jobs_c8_asyncio": "no-op async jobs/s, c=8, asyncio backend",
+    "streams64": "64 concurrent streams, no gap: chunks/s (asyncio backend)",
+    "streams64_trio": "64 concurrent streams, no gap: chunks/s (trio backend)",
+    "paced_p50": "64 streams at 50 chunks/s: yield→receipt p50 (asyncio)",
+    "paced_p99": "64 streams at 50 chunks/s: yield→receipt p99 (asyncio)",
     "import": "import time (-X importtime)",
     "sigterm": "SIGTERM → exit, idle worker",
 }

@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER_APP = REPO / "tests" / "integration" / "worker_app.py"
 ECHO = REPO / "examples" / "echo_worker.py"
 STREAMING = REPO / "examples" / "streaming_worker.py"
+VLLM_STYLE = REPO / "examples" / "vllm_style_worker.py"
 
 
 def run(
@@ -105,16 +106,42 @@ def test_init_timeout_in_local_mode() -> None:
     assert error["error_category"] == "timeout"
 
 
-def test_async_backend_asyncio_fails_at_start_naming_the_option(tmp_path: Path) -> None:
+ASYNCIO_ENGINE = (
+    "import asyncio, trio_worker\n"
+    "engine = {}\n"
+    "async def init():\n"
+    "    engine['loop'] = asyncio.get_running_loop()\n"
+    "async def h(job):\n"
+    "    await asyncio.sleep(0)\n"
+    "    return {'same_loop': asyncio.get_running_loop() is engine['loop'],\n"
+    "            'got': job['input']}\n"
+)
+
+
+def test_async_backend_asyncio_runs_asyncio_code_in_local_mode(tmp_path: Path) -> None:
     script = tmp_path / "w.py"
     script.write_text(
-        "import trio_worker\n"
-        "async def h(job): return 1\n"
-        "trio_worker.start(h, async_backend='asyncio')\n"
+        ASYNCIO_ENGINE + "trio_worker.start(h, initializer=init, async_backend='asyncio')\n"
     )
     done = run(script, "--test_input", '{"input": 1}')
+    assert done.returncode == 0, done.stderr
+    assert last_json(done.stdout) == {"output": {"same_loop": True, "got": 1}}
+
+
+def test_the_one_dict_form_defaults_to_asyncio_and_the_keyword_form_to_trio(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "w.py"
+    script.write_text(ASYNCIO_ENGINE + "trio_worker.start({'handler': h, 'initializer': init})\n")
+    done = run(script, "--test_input", '{"input": 2}')
+    assert done.returncode == 0, done.stderr
+    assert last_json(done.stdout) == {"output": {"same_loop": True, "got": 2}}
+    script.write_text(ASYNCIO_ENGINE + "trio_worker.start(h)\n")
+    done = run(script, "--test_input", '{"input": 2}')
     assert done.returncode == 1
-    assert 'async_backend="asyncio"' in done.stderr
+    error = json.loads(str(last_json(done.stdout)["error"]))
+    assert error["error_type"] == "trio_worker.AsyncioUnderTrio"
+    assert 'async_backend="asyncio"' in error["error_message"]
 
 
 def test_asyncio_code_under_trio_names_the_option() -> None:
@@ -122,6 +149,18 @@ def test_asyncio_code_under_trio_names_the_option() -> None:
     assert done.returncode == 1
     error = json.loads(str(last_json(done.stdout)["error"]))
     assert "async_backend" in error["error_message"]
+
+
+def test_the_vllm_style_example_streams_tokens_from_its_asyncio_engine() -> None:
+    done = run(VLLM_STYLE, "--test_input", '{"input": {"prompt": "hi", "tokens": 3}}')
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
+    assert lines == [
+        {"stream": "hi-0"},
+        {"stream": "hi-1"},
+        {"stream": "hi-2"},
+        {"output": ["hi-0", "hi-1", "hi-2"]},
+    ]
 
 
 def test_reference_one_dict_form(tmp_path: Path) -> None:

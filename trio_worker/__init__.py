@@ -19,6 +19,7 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 
 from __future__ import annotations
 
+from ._asyncio_host import run_asyncio_host as run_asyncio_host
 from ._config import Timings as Timings
 from ._exceptions import ConfigurationError as ConfigurationError
 from ._exceptions import InitFailure as InitFailure
@@ -55,6 +56,7 @@ __all__ = [
     "__version__",
     "check_cancelled",
     "progress_update",
+    "run_asyncio_host",
     "serve",
     "start",
 ]

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from ._asyncio_host import AsyncioChunks, await_on_asyncio
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
 
 Handler = Callable[[dict[str, Any]], Any]
@@ -102,6 +103,15 @@ class ThreadWaits:
         for scope in self._scopes:
             scope.cancel()
 
+    async def hold(self, finished: trio.Event) -> None:
+        """Wait, shielded, for *finished*: until it is set or :meth:`cancel_all` runs."""
+        with trio.CancelScope(shield=True) as wait:
+            self._register(wait)
+            try:
+                await finished.wait()
+            finally:
+                self._scopes.discard(wait)
+
     def _register(self, scope: trio.CancelScope) -> None:
         if self._expired:
             # A job cut by the same deadline may get here just after cancel_all() ran.
@@ -147,12 +157,7 @@ async def run_in_thread(
             )
             return result
         except trio.Cancelled:
-            with trio.CancelScope(shield=True) as wait:
-                waits._register(wait)
-                try:
-                    await finished.wait()
-                finally:
-                    waits._scopes.discard(wait)
+            await waits.hold(finished)
             raise
 
 
@@ -214,10 +219,13 @@ async def call_handler(
     waits: ThreadWaits,
     *,
     close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
+    on_asyncio: bool = False,
 ) -> Any | Stream:
     """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks
-    (whose sync generator gets *close_bound* seconds for its cleanup when left early).
+    (whose generator gets *close_bound* seconds for its cleanup when left early).
 
+    With *on_asyncio* (``async_backend="asyncio"``), a coroutine the handler makes runs as
+    a task on the asyncio host loop, and an async generator is pumped there.
     Exceptions raised by the handler propagate unchanged.
     """
     if kind is HandlerKind.SYNC:
@@ -227,7 +235,9 @@ async def call_handler(
         # loop, so no thread is needed here.
         result = fn(job)
     if inspect.isawaitable(result):
-        result = await _await(result)
+        result = await (await_on_asyncio(result, waits=waits) if on_asyncio else _await(result))
+    if on_asyncio and isinstance(result, AsyncIterator):
+        result = AsyncioChunks(result, close_bound=close_bound)
     if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
         return Stream(result, limiter, waits, close_bound=close_bound)
     return result
@@ -241,18 +251,23 @@ class AsyncioUnderTrio(RuntimeError):
     """A handler used asyncio-only code while the worker runs handlers on trio."""
 
 
-_ASYNCIO_HINTS = ("no running event loop", "no current event loop", "asynclibrarynotfound")
+_ASYNCIO_HINTS = (
+    "no running event loop",
+    "no current event loop",
+    "asynclibrarynotfound",
+    "unrecognized yield message",
+)
 
 
-def explain_backend(exc: BaseException) -> BaseException:
+def explain_backend(exc: BaseException, *, on_asyncio: bool = False) -> BaseException:
     """*exc*, or a clearer error naming ``async_backend`` when asyncio-only code ran on trio."""
+    if on_asyncio:
+        return exc
     text = f"{type(exc).__name__}: {exc}".lower()
     if any(hint in text for hint in _ASYNCIO_HINTS):
         hinted = AsyncioUnderTrio(
             f"{exc} -- the handler ran asyncio-only code, but this worker runs async handlers"
-            ' on trio; asyncio code needs start(..., async_backend="asyncio"), which this'
-            " release does not have yet: until then call it from a sync handler with"
-            " asyncio.run()"
+            ' on trio; asyncio code needs start(..., async_backend="asyncio")'
         )
         hinted.__cause__ = exc
         hinted.__traceback__ = exc.__traceback__

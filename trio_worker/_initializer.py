@@ -71,14 +71,14 @@ def validate_init_timeout(init_timeout: float | None) -> float | None:
     return float(init_timeout)
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+def is_async_initializer(fn: Callable[..., Any]) -> bool:
     target = _unwrap(fn)
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(fn)
 
 
 async def call_initializer(initializer: Initializer) -> None:
     """Run *initializer* once: awaited when async, in an abandonable thread when sync."""
-    if _is_async(initializer):
+    if is_async_initializer(initializer):
         await initializer()
         return
     result = await trio.to_thread.run_sync(

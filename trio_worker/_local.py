@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._asyncio_host import require_host, run_for
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import Settings
 from ._exceptions import InitializationError
 from ._handlers import ThreadWaits
 from ._initializer import init_failure_report, run_initializer
 from ._lifecycle import HeldJob
+from ._options import initializer_for
 from ._runner import JobRunner, JobSpec, worker_identity
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
 
 async def run_test_input(options: WorkerOptions, test_input: object) -> int:
     """Run the initializer, then the handler once on *test_input*; the exit status."""
+    require_host(options.async_backend)
     settings = Settings.from_environ(
         os.environ, timings=options.timings, capture_logs=options.capture_logs
     )
@@ -78,10 +81,11 @@ async def _run_once(
         dict(test_input) if isinstance(test_input, dict) else {"input": test_input}
     )
     job = HeldJob(str(payload.setdefault("id", LOCAL_JOB_ID)), payload)
-    if options.initializer is not None:
+    initializer = initializer_for(options)
+    if initializer is not None:
         tail = capture.tail if capture is not None else (lambda limit=0: "")
         failure = await run_initializer(
-            options.initializer, options.init_timeout, lambda: tail(settings.logs_tail_chars)
+            initializer, options.init_timeout, lambda: tail(settings.logs_tail_chars)
         )
         if failure is not None:
             log.error("initializer failed: %s: %s", failure.error_type, failure.message)
@@ -104,7 +108,7 @@ async def _run_once(
 
 def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     """Serve the endpoint API on ``--rp_api_host:--rp_api_port`` with a real worker behind it."""
-    return trio.run(_dev_server, options, args)
+    return run_for(options.async_backend, _dev_server, options, args)
 
 
 async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:

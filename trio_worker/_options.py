@@ -12,9 +12,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._asyncio_host import asyncio_initializer
 from ._config import CaptureMode, Timings
 from ._exceptions import ConfigurationError
-from ._initializer import validate_init_timeout
+from ._initializer import is_async_initializer, validate_init_timeout
 
 if TYPE_CHECKING:
     from ._handlers import Handler
@@ -64,11 +65,14 @@ def worker_options(
     concurrency: Concurrency = 1,
     return_aggregate_stream: bool = False,
     refresh_worker: bool = False,
-    async_backend: AsyncBackend = "trio",
+    async_backend: AsyncBackend | None = None,
     capture_logs: CaptureMode = "on",
     timings: Timings | None = None,
 ) -> WorkerOptions:
     """Check every argument and bundle them; *handler* may be the reference's one dict.
+
+    *async_backend* left unset means "trio", except for the one-dict form, which means
+    "asyncio": every handler written for the reference is asyncio code (docs/design.md §2).
 
     Raises:
         ConfigurationError: for the first argument the worker cannot use.
@@ -81,6 +85,10 @@ def worker_options(
         concurrency = config.get("concurrency", concurrency)
         return_aggregate_stream = config.get("return_aggregate_stream", return_aggregate_stream)
         refresh_worker = config.get("refresh_worker", refresh_worker)
+        if async_backend is None:
+            async_backend = "asyncio"
+    if async_backend is None:
+        async_backend = "trio"
     if not callable(handler):
         raise ConfigurationError(f"handler must be callable, got {handler!r}")
     if initializer is not None and not callable(initializer):
@@ -131,13 +139,16 @@ def validate_concurrency(concurrency: Concurrency) -> Concurrency:
 
 
 def validate_backend(async_backend: str) -> None:
-    """Raises ConfigurationError unless *async_backend* is one this release runs."""
-    if async_backend == "trio":
+    """Raises ConfigurationError unless *async_backend* is "trio" or "asyncio"."""
+    if async_backend in ("trio", "asyncio"):
         return
-    if async_backend == "asyncio":
-        raise ConfigurationError(
-            'async_backend="asyncio" is not available in this release of trio_worker; async '
-            "handlers run on trio. Use a sync handler (it runs in a thread, where asyncio.run "
-            "works) until the asyncio backend lands."
-        )
     raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")
+
+
+def initializer_for(options: WorkerOptions) -> Initializer | None:
+    """The initializer as the backend runs it: on the asyncio backend its coroutine (if it
+    makes one) runs as a task on the host loop, where the handlers will find its engine."""
+    initializer = options.initializer
+    if initializer is None or options.async_backend != "asyncio":
+        return initializer
+    return asyncio_initializer(initializer, is_async=is_async_initializer(initializer))

@@ -69,12 +69,17 @@ class JobSpec:
     kind: HandlerKind
     return_aggregate_stream: bool
     refresh_worker: bool
+    on_asyncio: bool = False  # async_backend="asyncio": coroutines run on the host loop
 
     @classmethod
     def from_options(cls, options: WorkerOptions) -> JobSpec:
         handler = options.handler
         return cls(
-            handler, handler_kind(handler), options.return_aggregate_stream, options.refresh_worker
+            handler,
+            handler_kind(handler),
+            options.return_aggregate_stream,
+            options.refresh_worker,
+            options.async_backend == "asyncio",
         )
 
 
@@ -164,6 +169,7 @@ class JobRunner:
                     self.limiter,
                     self.waits,
                     close_bound=self.settings.timings.sync_close_bound,
+                    on_asyncio=self.spec.on_asyncio,
                 )
                 if isinstance(result, Stream):
                     return await self._stream(job, result, output, mark)
@@ -202,7 +208,7 @@ class JobRunner:
         )
 
     def _handler_error(self, exc: BaseException, output: JobOutput, mark: int) -> Report:
-        exc = explain_backend(exc)
+        exc = explain_backend(exc, on_asyncio=self.spec.on_asyncio)
         logs = self._logs(output, mark)
         body = handler_error_body(
             exc,
@@ -255,7 +261,9 @@ class JobRunner:
                         raise
                     logs = self._logs(output, mark)
                     final = generator_error_body(
-                        explain_backend(exc), logs=logs, redactor=self.settings.redactor
+                        explain_backend(exc, on_asyncio=self.spec.on_asyncio),
+                        logs=logs,
+                        redactor=self.settings.redactor,
                     )
         if final is None:
             body = stream_final_body(aggregate, aggregate=aggregate is not None)

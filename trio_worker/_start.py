@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import trio
-
 from . import _worker
+from ._asyncio_host import run_for
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import (
     CaptureMode,
@@ -78,7 +77,7 @@ def start(
     concurrency: Concurrency = 1,
     return_aggregate_stream: bool = False,
     refresh_worker: bool = False,
-    async_backend: AsyncBackend = "trio",
+    async_backend: AsyncBackend | None = None,
     capture_logs: CaptureMode = "on",
     timings: Timings | None = None,
     argv: Sequence[str] | None = None,
@@ -86,7 +85,8 @@ def start(
     """Run this process as a worker; never returns (see the module docstring for statuses).
 
     *handler* may also be the reference's one dict,
-    ``{"handler": h, "concurrency_modifier": f, ...}``.
+    ``{"handler": h, "concurrency_modifier": f, ...}``; that form runs async handlers on
+    asyncio unless *async_backend* says otherwise, the keyword form on trio.
     """
     capture: OutputCapture | None = None
     leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process
@@ -122,7 +122,7 @@ def start(
         _worker.on_second_interrupt = functools.partial(leave, 130, capture)
         log.info("worker starting: %s", _worker.describe_settings(settings))
         seams = _worker.Seams(capture=capture)
-        trio.run(functools.partial(_worker.run_worker, options, seams=seams))
+        run_for(options.async_backend, functools.partial(_worker.run_worker, options, seams=seams))
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         leave(1, capture)
@@ -146,4 +146,4 @@ def _run_local(options: WorkerOptions, args: LocalArgs) -> int:
             "to run as a queue worker"
         )
         return 1
-    return trio.run(run_test_input, options, test_input)
+    return run_for(options.async_backend, run_test_input, options, test_input)

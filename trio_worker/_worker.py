@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from ._asyncio_host import require_host
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
-from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
+from ._options import AsyncBackend, Concurrency, WorkerOptions, initializer_for, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
@@ -151,6 +152,7 @@ async def run_worker(
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """:func:`serve` for options already checked, with the test seams (see ``serve``)."""
+    require_host(options.async_backend)
     settings = Settings.from_environ(
         environ, timings=options.timings, capture_logs=options.capture_logs
     )
@@ -254,7 +256,7 @@ def _build(
         client=client,
         runner=runner,
         waits=waits,
-        initializer=options.initializer,
+        initializer=initializer_for(options),
         init_timeout=options.init_timeout,
         concurrency=options.concurrency,
         capture=capture,
@@ -341,6 +343,8 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         log.error("progress_update for job %s not sent: %s", job_id, err)
         return
     try:
+        # On the trio thread (a trio task, or an asyncio task between trio's ticks on the
+        # asyncio backend) the post is registered at once, before the job can end.
         current = trio.lowlevel.current_trio_token()
     except RuntimeError:
         current = None

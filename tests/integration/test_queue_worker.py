@@ -16,6 +16,12 @@ from .conftest import Platform, Spawn
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(params=["trio", "asyncio"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The worker's async_backend: tests taking this run the same scenario on both."""
+    return str(request.param)
+
+
 def inner_error(body: object) -> dict[str, object]:
     """The JSON object inside ``{"error": "<JSON string>"}``."""
     assert isinstance(body, dict), body
@@ -50,9 +56,9 @@ async def test_sync_handler_completes_every_job_once(platform: Platform, spawn: 
     assert takes and all(r.headers["authorization"] == "fake-key" for r in takes)
 
 
-async def test_async_handler(platform: Platform, spawn: Spawn) -> None:
+async def test_async_handler(platform: Platform, spawn: Spawn, backend: str) -> None:
     job_id = platform.fake.enqueue("hi")
-    worker = await spawn(platform.env(TW_HANDLER="async_echo"))
+    worker = await spawn(platform.env(TW_BACKEND=backend, TW_HANDLER="async_echo"))
     with trio.fail_after(20):
         record = await platform.fake.wait_for_status(job_id, "COMPLETED")
     assert record.output == {"echo": "hi"}
@@ -62,10 +68,12 @@ async def test_async_handler(platform: Platform, spawn: Spawn) -> None:
 @pytest.mark.parametrize("handler", ["sync_gen", "async_gen"])
 @pytest.mark.parametrize("aggregate", [False, True])
 async def test_generators_stream_chunks_in_order(
-    platform: Platform, spawn: Spawn, handler: str, aggregate: bool
+    platform: Platform, spawn: Spawn, handler: str, aggregate: bool, backend: str
 ) -> None:
     job_id = platform.fake.enqueue({})
-    env = platform.env(TW_HANDLER=handler, TW_AGGREGATE="1" if aggregate else "0")
+    env = platform.env(
+        TW_BACKEND=backend, TW_HANDLER=handler, TW_AGGREGATE="1" if aggregate else "0"
+    )
     worker = await spawn(env)
     with trio.fail_after(20):
         record = await platform.fake.wait_for_status(job_id, "COMPLETED")
@@ -109,10 +117,10 @@ async def test_handler_error_carries_type_category_and_fd_level_logs(
 
 
 async def test_generator_raising_mid_stream_fails_after_one_chunk(
-    platform: Platform, spawn: Spawn
+    platform: Platform, spawn: Spawn, backend: str
 ) -> None:
     job_id = platform.fake.enqueue({})
-    worker = await spawn(platform.env(TW_HANDLER="gen_raises"))
+    worker = await spawn(platform.env(TW_BACKEND=backend, TW_HANDLER="gen_raises"))
     with trio.fail_after(20):
         record = await platform.fake.wait_for_status(job_id, "FAILED")
     assert record.stream == ["first"]
@@ -144,10 +152,12 @@ async def test_undeliverable_output_is_reported_not_dropped(
 
 
 async def test_concurrency_batch_takes_and_never_exceeds_capacity(
-    platform: Platform, spawn: Spawn
+    platform: Platform, spawn: Spawn, backend: str
 ) -> None:
     ids = [platform.fake.enqueue({"seconds": 0.2}) for _ in range(8)]
-    worker = await spawn(platform.env(TW_HANDLER="slow_async", TW_CONCURRENCY="4"))
+    worker = await spawn(
+        platform.env(TW_BACKEND=backend, TW_HANDLER="slow_async", TW_CONCURRENCY="4")
+    )
     with trio.fail_after(30):
         for job_id in ids:
             await platform.fake.wait_for_status(job_id, "COMPLETED")
@@ -160,10 +170,10 @@ async def test_concurrency_batch_takes_and_never_exceeds_capacity(
 
 
 async def test_stop_signal_cancels_running_job_and_reports_nothing(
-    platform: Platform, spawn: Spawn
+    platform: Platform, spawn: Spawn, backend: str
 ) -> None:
     job_id = platform.fake.enqueue({"seconds": 60})
-    worker = await spawn(platform.env(TW_HANDLER="slow_async"))
+    worker = await spawn(platform.env(TW_BACKEND=backend, TW_HANDLER="slow_async"))
     with trio.fail_after(20):
         while platform.fake.job(job_id).taken_by is None:
             await platform.fake.wait_for_requests("ping", len(platform.fake.pings) + 1)
@@ -260,9 +270,11 @@ async def test_heartbeat_keeps_pinging_while_handler_blocks_the_loop(
     await stop_worker(worker)
 
 
-async def test_progress_updates_arrive_before_the_result(platform: Platform, spawn: Spawn) -> None:
+async def test_progress_updates_arrive_before_the_result(
+    platform: Platform, spawn: Spawn, backend: str
+) -> None:
     job_id = platform.fake.enqueue({})
-    worker = await spawn(platform.env(TW_HANDLER="progress"))
+    worker = await spawn(platform.env(TW_BACKEND=backend, TW_HANDLER="progress"))
     with trio.fail_after(20):
         record = await platform.fake.wait_for_status(job_id, "COMPLETED")
     assert sorted(record.progress, key=str) == [{"step": 1}, {"step": 2}]
@@ -271,11 +283,11 @@ async def test_progress_updates_arrive_before_the_result(platform: Platform, spa
 
 
 async def test_refresh_worker_stops_after_first_job_with_stop_pod(
-    platform: Platform, spawn: Spawn
+    platform: Platform, spawn: Spawn, backend: str
 ) -> None:
     first = platform.fake.enqueue("one")
     second = platform.fake.enqueue("two")
-    worker = await spawn(platform.env(TW_HANDLER="async_echo", TW_REFRESH="1"))
+    worker = await spawn(platform.env(TW_BACKEND=backend, TW_HANDLER="async_echo", TW_REFRESH="1"))
     assert await worker.wait() == 0
     record = platform.fake.job(first)
     assert record.status == "COMPLETED" and record.stop_pod
@@ -283,10 +295,12 @@ async def test_refresh_worker_stops_after_first_job_with_stop_pod(
 
 
 async def test_sigterm_gives_running_jobs_grace_then_fails_them(
-    platform: Platform, spawn: Spawn
+    platform: Platform, spawn: Spawn, backend: str
 ) -> None:
     job_id = platform.fake.enqueue({"seconds": 60})
-    worker = await spawn(platform.env(TW_HANDLER="slow_async", TW_SHUTDOWN_GRACE="0.5"))
+    worker = await spawn(
+        platform.env(TW_BACKEND=backend, TW_HANDLER="slow_async", TW_SHUTDOWN_GRACE="0.5")
+    )
     with trio.fail_after(20):
         while platform.fake.job(job_id).taken_by is None:
             await platform.fake.wait_for_requests("ping", len(platform.fake.pings) + 1)
@@ -297,10 +311,12 @@ async def test_sigterm_gives_running_jobs_grace_then_fails_them(
     assert error["error_category"] == "worker_shutdown"
 
 
-async def test_sigterm_during_long_poll_exits_promptly(platform: Platform, spawn: Spawn) -> None:
+async def test_sigterm_during_long_poll_exits_promptly(
+    platform: Platform, spawn: Spawn, backend: str
+) -> None:
     platform.fake.take_hold = 30.0
     platform.fake.stop_hold = 30.0
-    worker = await spawn(platform.env(TW_HANDLER="async_echo"))
+    worker = await spawn(platform.env(TW_BACKEND=backend, TW_HANDLER="async_echo"))
     with trio.fail_after(20):
         await platform.fake.wait_for_requests("take", 1)
         await platform.fake.wait_for_requests("stop", 1)
@@ -317,9 +333,11 @@ async def test_bad_configuration_fails_at_start_naming_the_variable(
     assert "RUNPOD_PING_INTERVAL" in worker.output
 
 
-async def test_second_sigint_exits_at_once(platform: Platform, spawn: Spawn) -> None:
+async def test_second_sigint_exits_at_once(platform: Platform, spawn: Spawn, backend: str) -> None:
     job_id = platform.fake.enqueue({"seconds": 60})
-    worker = await spawn(platform.env(TW_HANDLER="slow_async", TW_SHUTDOWN_GRACE="60"))
+    worker = await spawn(
+        platform.env(TW_BACKEND=backend, TW_HANDLER="slow_async", TW_SHUTDOWN_GRACE="60")
+    )
     with trio.fail_after(20):
         while platform.fake.job(job_id).taken_by is None:
             await platform.fake.wait_for_requests("ping", len(platform.fake.pings) + 1)

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import sniffio
 import trio
 import trio.lowlevel
 
@@ -43,6 +44,14 @@ def _loud(tag: str) -> None:
     subprocess.run(
         ["sh", "-c", f"echo child stdout {tag}; echo child stderr {tag} >&2"], check=True
     )
+
+
+async def _sleep(seconds: float) -> None:
+    """Sleep on whichever loop runs the handler (TW_BACKEND picks it)."""
+    if sniffio.current_async_library() == "asyncio":
+        await asyncio.sleep(seconds)
+    else:
+        await trio.sleep(seconds)
 
 
 # -- initializers -------------------------------------------------------------------------
@@ -111,7 +120,7 @@ def echo(job: dict[str, Any]) -> Any:
 
 
 async def async_echo(job: dict[str, Any]) -> Any:
-    await trio.lowlevel.checkpoint()
+    await _sleep(0)
     return {"echo": job["input"]}
 
 
@@ -127,7 +136,7 @@ def sync_gen(job: dict[str, Any]) -> Iterator[Any]:
 
 async def async_gen(job: dict[str, Any]) -> AsyncIterator[Any]:
     for i in range(3):
-        await trio.lowlevel.checkpoint()
+        await _sleep(0)
         yield f"token-{i}"
 
 
@@ -146,7 +155,7 @@ def huge(job: dict[str, Any]) -> Any:
 
 
 async def slow_async(job: dict[str, Any]) -> Any:
-    await trio.sleep(float(job["input"].get("seconds", 60)))
+    await _sleep(float(job["input"].get("seconds", 60)))
     return {"slept": True}
 
 
@@ -212,6 +221,7 @@ def main() -> None:
         refresh_worker=os.environ.get("TW_REFRESH") == "1",
         capture_logs="off" if os.environ.get("TW_CAPTURE") == "off" else "on",
         timings=timings,
+        async_backend="asyncio" if os.environ.get("TW_BACKEND") == "asyncio" else "trio",
     )
 
 

@@ -1,0 +1,301 @@
+"""The asyncio backend: trio as a guest on an asyncio host loop (docs/how-it-works.md).
+
+With ``async_backend="asyncio"`` the process runs ``asyncio.run()``, and the supervisor (the
+same trio code as on the trio backend) runs inside it through
+``trio.lowlevel.start_guest_run``: trio's ticks are callbacks of the asyncio loop, on the
+same thread. Every async initializer, async handler and async generator then runs as an
+asyncio task on that one loop, which lives as long as the worker, so an engine built in the
+initializer (its background tasks, futures and queues bound to the loop) serves every job.
+
+A trio task waits for such an asyncio task on a ``trio.Event`` set by the task's done
+callback; when the trio scope is cancelled (a stop, the shutdown, ``init_timeout``) the
+asyncio task is cancelled and awaited, so the user's code sees ``asyncio.CancelledError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import trio
+
+from ._exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+
+log = logging.getLogger("trio_worker")
+
+T = TypeVar("T")
+
+
+class Holds(Protocol):
+    """Where a cancelled caller waits for code that has not ended yet (``ThreadWaits``)."""
+
+    async def hold(self, finished: trio.Event) -> None: ...
+
+
+# Chunks an async generator may run ahead of the trio side (which has its own bounded
+# pipeline behind it); one wake-up of the trio side then moves a whole batch.
+PUMP_DEPTH = 64
+
+
+def run_asyncio_host(
+    async_fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    clock: trio.abc.Clock | None = None,
+    instruments: tuple[trio.abc.Instrument, ...] | list[trio.abc.Instrument] = (),
+) -> T:
+    """Like ``trio.run(async_fn, *args)``, with trio as a guest on a new asyncio loop.
+
+    Inside, trio code and asyncio code share one thread: a worker served here with
+    ``async_backend="asyncio"`` runs its async handlers on this loop. Its signature matches
+    ``trio.run`` so pytest-trio can use it (``@pytest.mark.trio(run=run_asyncio_host)``).
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(_host_main(async_fn, args, clock, tuple(instruments)))
+    finally:
+        try:
+            _end_leftovers(loop)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+# How long the tasks the user's code left on the loop (an engine's background loop) get to
+# finish once cancelled. asyncio.run() would wait for them without end, so one task that
+# swallows its cancellation would keep the process from ever exiting.
+LEFTOVER_BOUND = 1.0
+
+
+def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=LEFTOVER_BOUND))
+        if pending:
+            log.warning("%d asyncio task(s) ignored their cancellation at exit", len(pending))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the worker is ending either way
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), LEFTOVER_BOUND))
+    except TimeoutError:
+        log.warning("async generators still closing at exit")
+
+
+async def _host_main(
+    async_fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    clock: trio.abc.Clock | None,
+    instruments: tuple[trio.abc.Instrument, ...],
+) -> T:
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    guest_scope: list[trio.CancelScope] = []
+    token: list[trio.lowlevel.TrioToken] = []
+
+    async def guest_main() -> T:
+        token.append(trio.lowlevel.current_trio_token())
+        with trio.CancelScope() as scope:
+            guest_scope.append(scope)
+            return await async_fn(*args)
+        raise trio.Cancelled._create()  # the host was cancelled (Ctrl-C under asyncio.run)
+
+    trio.lowlevel.start_guest_run(
+        guest_main,
+        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+        run_sync_soon_not_threadsafe=loop.call_soon,
+        done_callback=done.set_result,
+        # asyncio installs its own wakeup fd when signal handlers are added to the loop.
+        host_uses_signal_set_wakeup_fd=True,
+        clock=clock,
+        instruments=instruments,
+    )
+    while True:
+        try:
+            outcome = await asyncio.shield(done)
+            break
+        except asyncio.CancelledError:
+            # The trio run must end before the host loop does: cancel it and keep waiting.
+            if token and guest_scope:
+                token[0].run_sync_soon(guest_scope[0].cancel)
+    result: T = outcome.unwrap()
+    return result
+
+
+def host_loop() -> asyncio.AbstractEventLoop:
+    """The asyncio loop hosting this trio run.
+
+    Raises:
+        ConfigurationError: trio is not running as a guest of asyncio.
+    """
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigurationError(
+            'async_backend="asyncio" needs an asyncio event loop hosting trio: use '
+            "trio_worker.start(), or run serve() with trio_worker.run_asyncio_host(...) "
+            "instead of trio.run(...)"
+        ) from None
+
+
+def require_host(backend: str) -> None:
+    """Fail early, before anything is taken, when the asyncio backend has no host loop."""
+    if backend == "asyncio":
+        host_loop()
+
+
+def run_for(backend: str, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run *async_fn* under trio, as a guest of asyncio when *backend* asks for it."""
+    if backend == "asyncio":
+        return run_asyncio_host(async_fn, *args)
+    return trio.run(async_fn, *args)
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def await_on_asyncio(
+    awaitable: Awaitable[T],
+    *,
+    waits: Holds | None = None,
+    cancel_bound: float = 5.0,
+) -> T:
+    """Await *awaitable* as an asyncio task on the host loop, from a trio task.
+
+    If the trio scope is cancelled, the asyncio task is cancelled and awaited (shielded)
+    before ``trio.Cancelled`` propagates. A task that swallows its cancellation holds its
+    caller as a sync handler's thread does: until ``waits.cancel_all()`` (the end of the
+    shutdown grace), or for *cancel_bound* seconds when there is no *waits*.
+    """
+    loop = host_loop()
+    coro: Coroutine[Any, Any, T] = (
+        awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
+    )
+    # The task copies this trio task's context: progress_update and the job's output
+    # attribution see the job.
+    task = loop.create_task(coro)
+    finished = trio.Event()
+    task.add_done_callback(lambda _: finished.set())
+    try:
+        await finished.wait()
+    except trio.Cancelled:
+        task.cancel()
+        await _wait_cancelled(finished, waits, cancel_bound)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: what it raised while cancelled is not news
+        raise
+    return task.result()
+
+
+async def _wait_cancelled(finished: trio.Event, waits: Holds | None, bound: float) -> None:
+    if waits is None:
+        with trio.move_on_after(bound, shield=True) as scope:
+            await finished.wait()
+        if scope.cancelled_caught:
+            log.warning("asyncio task still running %.1fs after its cancellation", bound)
+        return
+    await waits.hold(finished)
+
+
+def asyncio_initializer(
+    initializer: Callable[[], Any], *, is_async: bool
+) -> Callable[[], Awaitable[None]]:
+    """*initializer*, with its coroutine (if it makes one) run as an asyncio task."""
+
+    async def on_host() -> None:
+        if is_async:
+            await await_on_asyncio(_call(initializer))
+            return
+        # A sync initializer keeps its abandonable thread (boxed, so a coroutine it
+        # returns reaches us), and a coroutine it returns runs on the host loop.
+        (result,) = await trio.to_thread.run_sync(
+            lambda: (initializer(),),
+            abandon_on_cancel=True,
+            limiter=trio.CapacityLimiter(1),
+            thread_name="trio_worker initializer",
+        )
+        if inspect.isawaitable(result):
+            await await_on_asyncio(result)
+
+    return on_host
+
+
+async def _call(fn: Callable[[], Any]) -> None:
+    result = fn()
+    if inspect.isawaitable(result):
+        await result
+
+
+class AsyncioChunks:
+    """An async generator running on the asyncio host, read from trio.
+
+    One asyncio task pumps the generator into a bounded buffer and wakes the trio reader
+    only when it waits, so a burst of chunks costs one wake-up, not one task per chunk.
+    ``aclose()`` cancels the pump (the generator sees ``asyncio.CancelledError`` where it
+    waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup.
+    """
+
+    def __init__(self, source: AsyncIterator[Any], *, close_bound: float) -> None:
+        self._source = source
+        self._close_bound = close_bound
+        self._buffer: collections.deque[Any] = collections.deque()
+        self._room = asyncio.Event()
+        self._reader: trio.Event | None = None
+        self._finished = trio.Event()
+        self._task = host_loop().create_task(self._pump())
+        self._task.add_done_callback(lambda _: self._wake_reader(finished=True))
+
+    def _wake_reader(self, *, finished: bool = False) -> None:
+        if finished:
+            self._finished.set()
+        if self._reader is not None:
+            self._reader.set()
+            self._reader = None
+
+    async def _pump(self) -> None:
+        source = self._source
+        try:
+            async for chunk in source:
+                self._buffer.append(chunk)
+                self._wake_reader()
+                while len(self._buffer) >= PUMP_DEPTH:
+                    self._room.clear()
+                    await self._room.wait()
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def __aiter__(self) -> AsyncioChunks:
+        return self
+
+    async def __anext__(self) -> Any:
+        while not self._buffer:
+            if self._task.done():
+                self._task.result()  # the generator's own error, with its traceback
+                raise StopAsyncIteration
+            self._reader = reader = trio.Event()
+            await reader.wait()
+        chunk = self._buffer.popleft()
+        if len(self._buffer) < PUMP_DEPTH:
+            self._room.set()
+        return chunk
+
+    async def aclose(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+        with trio.move_on_after(self._close_bound, shield=True) as scope:
+            await self._finished.wait()
+        if scope.cancelled_caught:
+            log.warning("async generator cleanup cut after %.1fs", self._close_bound)
+        elif not self._task.cancelled() and self._task.exception() is not None:
+            log.debug("async generator ended with %r while closing", self._task.exception())
