@@ -92,7 +92,9 @@ class FaultyPlatform:
             await self._answer(scope, receive, send, route, job_id, drip=False)
             return
         self.faults.applied[window.kind] = self.faults.applied.get(window.kind, 0) + 1
-        first = await receive()  # the body: small for every worker route
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client left before its request was read
         if window.kind == "drop":
             raise ConnectionDropped("soak: connection dropped")
         if window.kind in ("5xx", "429"):
@@ -105,7 +107,7 @@ class FaultyPlatform:
             return
         if window.kind == "hang":
             raise ConnectionDropped("soak: hung, then dropped")
-        await self._answer(scope, _replay(first, receive), send, route, job_id, drip=True)
+        await self._answer(scope, _replay(body, receive), send, route, job_id, drip=True)
 
     async def _answer(
         self,
@@ -150,8 +152,21 @@ async def _client_leaves_within(receive: Receive, seconds: float) -> bool:
     return False
 
 
-def _replay(first: Message, receive: Receive) -> Receive:
-    pending = [first]
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, None if the client disconnected first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the already read body again, then the client's own."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> Message:
         return pending.pop() if pending else await receive()

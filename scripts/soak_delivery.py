@@ -9,7 +9,7 @@ windows of faults open and close at random on every route (take, stop, done, str
 ping):
 
 * ``5xx``: 500/502/503/504 before the route runs;
-* ``429``: with ``Retry-After`` (1 s up to 12 s, at most the outage bound);
+* ``429``: with ``Retry-After`` of 1 s up to 12 s;
 * ``drop``: the connection is closed unanswered;
 * ``hang``: no answer until the client gives up or the window ends, then a drop;
 * ``slow``: a delay before the route, then an answer dripped in four pieces;
@@ -326,13 +326,17 @@ async def progress(
     total: int,
 ) -> None:
     started = time.monotonic()
+    next_line = started + every
     while True:
-        await trio.sleep(every)
+        await trio.sleep(0.2)  # often enough to catch the middle of a short run
         stats = platform.statistics()
         finished = stats.completed + stats.failed
         rss = worker.rss()
         if "middle" not in report.rss_mib and finished >= total / 2:
             report.rss_mib["middle"] = rss
+        if time.monotonic() < next_line:
+            continue
+        next_line += every
         active = sorted(f"{r}:{w.kind}" for r in ROUTES if (w := faults.active(r)))
         print(
             f"{time.monotonic() - started:7.1f}s  enqueued {len(platform.jobs):>7}  "
