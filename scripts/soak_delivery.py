@@ -453,7 +453,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=None, help="default 100,000 (quick 2,000)")
     parser.add_argument("--rate", type=float, default=None, help="jobs enqueued per second")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=None, help="random unless given")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="random unless given; fixes choices, not timing"
+    )
     parser.add_argument("--max-outage", type=float, default=None, help="seconds (default 60)")
     parser.add_argument("--minutes", type=float, default=60.0, help="cap on the faulty phase")
     parser.add_argument(
