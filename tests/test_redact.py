@@ -259,21 +259,9 @@ DB_PASS = 'db-"pass\\word-1'
 URL_PASSWORD = "url-pw-98765"
 
 
-async def test_the_platform_receives_no_secret_from_a_returned_or_raised_error() -> None:
-    """A non-streaming handler's returned ``{"error": ...}`` is the job's error: it goes out
-    redacted like a raised one (the reference posted it as is)."""
-
-    def handler(job: dict[str, Any]) -> object:
-        password = os.environ.get("DB_PASS", DB_PASS)  # the worker reads the env it is given
-        if job["input"]["how"] == "return":
-            return {
-                "error": {
-                    "message": f"failed with {password} and postgres://u:{URL_PASSWORD}@h/db",
-                    "detail": {"repr": repr(password), "json": json.dumps(password)},
-                }
-            }
-        raise RuntimeError(f"failed with {password!r} for postgres://u:{URL_PASSWORD}@h/db")
-
+async def run_jobs(handler: Any, inputs: list[dict[str, Any]]) -> FakePlatform:
+    """Run *inputs* through a worker over loopback HTTP with the secrets in its environment;
+    the platform, once every job failed."""
     platform = FakePlatform(take_hold=0.2, stop_hold=0.2)
     async with run_platform_server(platform) as url, trio.open_nursery() as nursery:
         env = {
@@ -290,16 +278,18 @@ async def test_the_platform_receives_no_secret_from_a_returned_or_raised_error()
                 task_status=task_status,
             )
         )
-        returned = platform.enqueue({"how": "return"})
-        raised = platform.enqueue({"how": "raise"})
+        job_ids = [platform.enqueue(job_input) for job_input in inputs]
         with trio.fail_after(30):
-            for job_id in (returned, raised):
+            for job_id in job_ids:
                 await platform.wait_for_status(job_id, "FAILED")
         nursery.cancel_scope.cancel()
+    return platform
 
-    reports = [r.body for r in platform.requests if r.route == "done"]
-    assert len(reports) == 2
-    assert all(REDACTED.encode() in body for body in reports)
+
+def assert_no_secret_sent(platform: FakePlatform, reports: int) -> None:
+    done = [r.body for r in platform.requests if r.route == "done"]
+    assert len(done) == reports
+    assert all(REDACTED.encode() in body for body in done)
     sent = [r.path.encode() + r.body for r in platform.requests]
     leaked = [
         (form, data)
@@ -309,3 +299,36 @@ async def test_the_platform_receives_no_secret_from_a_returned_or_raised_error()
         if show(secret).encode() in data or show(secret) in data.decode()
     ]
     assert leaked == []
+
+
+async def test_the_platform_receives_no_secret_from_a_returned_or_raised_error() -> None:
+    """A non-streaming handler's returned ``{"error": ...}`` is the job's error: it goes out
+    redacted like a raised one (the reference posted it as is)."""
+
+    def handler(job: dict[str, Any]) -> object:
+        password = os.environ.get("DB_PASS", DB_PASS)  # as the handler would read it
+        if job["input"]["how"] == "return":
+            return {
+                "error": {
+                    "message": f"failed with {password} and postgres://u:{URL_PASSWORD}@h/db",
+                    "detail": {"repr": repr(password), "json": json.dumps(password)},
+                }
+            }
+        raise RuntimeError(f"failed with {password!r} for postgres://u:{URL_PASSWORD}@h/db")
+
+    platform = await run_jobs(handler, [{"how": "return"}, {"how": "raise"}])
+    assert_no_secret_sent(platform, reports=2)
+
+
+async def test_the_platform_receives_no_secret_from_a_stream_error() -> None:
+    """An error chunk ends the stream as ``{"error": str(error)}``: a dict's str() holds the
+    repr of each string, the escaped form of the secret."""
+
+    async def handler(job: dict[str, Any]) -> Any:
+        yield {"step": 1}
+        if job["input"]["how"] == "chunk":
+            yield {"error": {"password": DB_PASS, "url": f"redis://:{URL_PASSWORD}@c"}}
+        raise RuntimeError(f"failed with {DB_PASS!r} for postgres://u:{URL_PASSWORD}@h/db")
+
+    platform = await run_jobs(handler, [{"how": "chunk"}, {"how": "raise"}])
+    assert_no_secret_sent(platform, reports=2)
