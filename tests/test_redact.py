@@ -210,6 +210,18 @@ def test_a_window_cut_through_an_escaped_secret_shows_no_part_of_it() -> None:
         assert shown[4:] not in out  # no tail of the escaped secret
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("secret", ["\\" * 6 + "x", '\\"\\"\\"x', '"\\"\\n\\"'])
+def test_adversarial_backslash_runs_cannot_stall_redaction(secret: str) -> None:
+    """Text the worker does not control (an exception echoing a job's input) made of
+    backslash runs: a pattern letting adjacent escapes split a run any way would backtrack
+    through every split, for hours here. The guard is the test timeout, not a timing."""
+    text = ("\\" * 40 + "a") * 6000 + ("\\" * 40 + '"') * 6000
+    redactor = Redactor([secret])
+    assert redactor.redact(text) == text
+    assert redactor.redact(text + json.dumps(secret)) == text + f'"{REDACTED}"'
+
+
 # --- properties ------------------------------------------------------------------------------
 
 secrets = st.text(min_size=4, max_size=24).filter(lambda s: "[" not in s and "]" not in s)

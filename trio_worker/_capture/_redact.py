@@ -17,14 +17,10 @@ Which values are secrets (``secret_values``):
 Values under 4 characters are skipped: replacing them would shred ordinary text, and they
 protect nothing anyway.
 
-How a secret is found: each character of it may appear as itself or in any escaped form
-Python and JSON produce (``\\n``, ``\\"``, ``\\\\``, ``\\xe9``, ``\\u00e9``, a surrogate
-pair, the UTF-8 bytes of a ``bytes`` repr), with any number of backslashes (an escape
-escaped again, as in JSON inside JSON), or percent-encoded (``%40``, ``+`` for a space),
-hex digits in either case. So ``repr(secret)``, ``json.dumps(secret)``, ``quote(secret)``
-and ``str(secret.encode())`` are all found. One precompiled alternation holds every
-secret, longest first, so a secret that contains another is replaced whole; a secret of
-ordinary characters stays a plain literal, which the regex engine searches fast.
+How a secret is found: as written, and in every escaped form Python and JSON produce or
+percent-encoded (``repr``, ``json.dumps``, ``quote``, a ``bytes`` repr; ``_forms`` builds
+the pattern, linear in the text whatever it holds). One precompiled alternation holds
+every secret, longest first, so a secret that contains another is replaced whole.
 
 Independently of the environment, the password of any URL with credentials in the text
 is replaced (``scheme://user:[REDACTED]@host``): a library may print a URL built from a
@@ -40,6 +36,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
+
+from ._forms import combined_pattern
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -58,25 +56,6 @@ _NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD"})
 # finds fast, so the scan stays linear.
 _URL_CREDENTIALS = re.compile(r"://([^\s/?#@:]*):([^\s/?#]+)@")
 _URL_REPLACEMENT = r"://\1:" + REDACTED + "@"
-
-# Characters no escaping scheme we match ever rewrites (RFC 3986 unreserved).
-_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
-_SHORT_ESCAPES = {
-    "\n": "n",
-    "\r": "r",
-    "\t": "t",
-    "\b": "b",
-    "\f": "f",
-    '"': '"',
-    "'": "'",
-    "/": "/",
-}
-# An escape's backslash, itself escaped any number of times (JSON inside JSON, a repr).
-_BACKSLASHES = r"\\{1,16}"
-# The first backslash of a match, not preceded by another: a match never starts inside a
-# run of backslashes, so the scan stays linear (the raw character after a run longer than
-# 16 still matches).
-_RUN_START = r"\\(?<!\\\\)\\{0,15}"
 
 
 def is_secret_name(name: str) -> bool:
@@ -120,31 +99,6 @@ def secret_values(environ: Mapping[str, str]) -> list[str]:
     return sorted((s for s in found if len(s) >= _MIN_SECRET_LENGTH), key=len, reverse=True)
 
 
-def secret_pattern(secret: str) -> str:
-    r"""A regular expression matching *secret* as written or in any escaped form.
-
-    >>> secret_pattern("ab")
-    'ab'
-    >>> bool(re.fullmatch(secret_pattern('p"w'), 'p\\\\\\"w'))
-    True
-    """
-    return "|".join(_alternatives(secret))
-
-
-def _alternatives(secret: str) -> list[str]:
-    """One alternative per form of the secret's first character, each starting with a
-    plain character: the regex engine then skips, in C, every position where no secret can
-    start, and rejects most others on their first character."""
-    if not secret:
-        return []
-    rest = "".join(_char_pattern(c) for c in secret[1:])
-    firsts = [
-        _RUN_START + form[len(_BACKSLASHES) :] if form.startswith(_BACKSLASHES) else form
-        for form in _char_forms(secret[0])
-    ]
-    return [first + rest for first in firsts]
-
-
 class Redactor:
     """Replaces every known secret, and every password in a URL, with ``[REDACTED]``.
 
@@ -157,11 +111,7 @@ class Redactor:
     def __init__(self, secrets: Iterable[str]) -> None:
         # An empty secret would match between every two characters.
         self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-        self._pattern = (
-            re.compile("|".join(a for s in self._secrets for a in _alternatives(s)))
-            if self._secrets
-            else None
-        )
+        self._pattern = re.compile(combined_pattern(self._secrets)) if self._secrets else None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Redactor:
@@ -178,54 +128,6 @@ class Redactor:
         if self._pattern is not None:
             text = self._pattern.sub(REDACTED, text)
         return _URL_CREDENTIALS.sub(_URL_REPLACEMENT, text)
-
-
-def _char_pattern(char: str) -> str:
-    if char in _PLAIN:
-        return char
-    return "(?:" + "|".join(_char_forms(char)) + ")"
-
-
-def _char_forms(char: str) -> list[str]:
-    """The forms one character of a secret may take, escapes first, so a match ends at the
-    end of an escape rather than inside it."""
-    if char in _PLAIN:
-        return [char]
-    code = ord(char)
-    data = _utf8(char)
-    forms: list[str] = []
-    if char in _SHORT_ESCAPES:
-        forms.append(_BACKSLASHES + re.escape(_SHORT_ESCAPES[char]))
-    if code < 0x100:
-        forms.append(_BACKSLASHES + "x" + _hex(code, 2))
-    if code < 0x10000:
-        forms.append(_BACKSLASHES + "u" + _hex(code, 4))
-    else:
-        high, low = divmod(code - 0x10000, 0x400)
-        pair = _hex(0xD800 + high, 4) + _BACKSLASHES + "u" + _hex(0xDC00 + low, 4)
-        forms += [_BACKSLASHES + "U" + _hex(code, 8), _BACKSLASHES + "u" + pair]
-    if len(data) > 1:  # a bytes repr shows each UTF-8 byte
-        forms.append("".join(_BACKSLASHES + "x" + _hex(b, 2) for b in data))
-    forms.append("".join("%" + _hex(b, 2) for b in data))
-    if char == " ":
-        forms.append(r"\+")
-    # Last, as raw: a backslash is itself or escaped any number of times.
-    forms.append(_BACKSLASHES if char == "\\" else re.escape(char))
-    return forms
-
-
-def _utf8(char: str) -> bytes:
-    """The bytes *char* was read from: a lone surrogate in an environment value stands for
-    an undecodable byte (``surrogateescape``), any other was written as such."""
-    try:
-        return char.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return char.encode("utf-8", "surrogatepass")
-
-
-def _hex(value: int, width: int) -> str:
-    """*value* in hex, each letter digit in either case (``[eE]9``)."""
-    return "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{value:0{width}x}")
 
 
 # Text kept before a window only so that a secret straddling the cut is still matched whole.
