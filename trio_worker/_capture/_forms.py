@@ -75,21 +75,28 @@ def secret_alternatives(secret: str) -> list[str]:
 def combined_pattern(secrets: list[str]) -> str:
     """One pattern for all *secrets*, in their order (put the longest first).
 
-    The alternatives that start with a backslash share one look-behind: text made of
-    backslashes then costs one failed check per position, not one per secret.
+    The alternatives that start with a backslash share one look-behind, and those that
+    start with an escape share its backslashes: text made of backslashes or escapes then
+    costs one check per position and one per escape body, not one per form of each secret.
     """
-    escaped: list[str] = []
+    escapes: list[str] = []
+    runs: list[str] = []
     other: list[str] = []
     for secret in secrets:
         for alternative in secret_alternatives(secret):
-            if alternative.startswith(_RUN_START):
-                escaped.append(alternative[len(_RUN_START) :])
+            if alternative.startswith(_FIRST_ESCAPE):
+                escapes.append(alternative[len(_FIRST_ESCAPE) :])
+            elif alternative.startswith(_RUN_START):
+                runs.append(alternative[len(_RUN_START) :])
             else:
                 other.append(alternative)
-    # No alternative of *other* can match where one of *escaped* can: the first starts
-    # with a character that is not a backslash, the second with a backslash.
-    if escaped:
-        other.append(_RUN_START + "(?:" + "|".join(escaped) + ")")
+    # An alternative of *other* starts with a character that is not a backslash: it never
+    # matches where the grouped ones can, so moving those to the end changes no match.
+    backslashed = runs
+    if escapes:
+        backslashed = [_FIRST_ESCAPE[len(_RUN_START) :] + "(?:" + "|".join(escapes) + ")", *runs]
+    if backslashed:
+        other.append(_RUN_START + "(?:" + "|".join(backslashed) + ")")
     return "|".join(other)
 
 
