@@ -219,6 +219,60 @@ def test_every_text_field_is_redacted() -> None:
     assert inner["hostname"] == REDACTED
 
 
+ESCAPED_SECRET = 'db-"pa\\ss\nwörd'
+
+
+def _forms_of(secret: str) -> list[str]:
+    import urllib.parse
+
+    return [
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        ascii(secret)[1:-1],
+        urllib.parse.quote(secret, safe=""),
+    ]
+
+
+@pytest.mark.parametrize("shown", _forms_of(ESCAPED_SECRET))
+def test_escaped_forms_and_url_passwords_never_reach_any_error_body(shown: str) -> None:
+    """The message, traceback and logs may hold a secret already escaped (a repr, a JSON log
+    line, a URL); the body escapes it again, twice for the handler shape. None survives."""
+    redactor = Redactor([ESCAPED_SECRET])
+    text = f"connect(password={shown}) to postgres://app:url-pw-4242@db/x failed"
+    exc = raised(RuntimeError(text))
+    bodies = [
+        handler_error_body(
+            exc, logs=text, category="unknown", identity=IDENTITY, redactor=redactor
+        ),
+        generator_error_body(exc, logs=text, redactor=redactor),
+        init_failed_body(
+            error_type="RuntimeError",
+            message=text,
+            traceback=format_traceback(exc),
+            category="unknown",
+            logs=text,
+            elapsed_s=1.0,
+            identity=IDENTITY,
+            redactor=redactor,
+        ),
+    ]
+    for body in bodies:
+        data = encode_body(body).decode()
+        # Decode the body back to the texts it carries, then look for every form there.
+        texts = [data, json.loads(data)["error"]]
+        try:
+            texts += [str(v) for v in json.loads(texts[1]).values()]
+        except ValueError:
+            pass  # the generator shape is plain text
+        for carried in texts:
+            assert "url-pw-4242" not in carried
+            for form in _forms_of(ESCAPED_SECRET):
+                assert form not in carried
+        assert REDACTED in texts[1]
+
+
 # Cut points: the head clip (8192), the logs' tail clip (len - 16384), and for huge text the
 # pre-cut spans (16384 + 65536 = 81920 from either end).
 @pytest.mark.parametrize(

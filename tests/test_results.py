@@ -23,6 +23,7 @@ from trio_worker._results import (
 )
 
 IDENTITY = WorkerIdentity(worker_id="w-1", hostname="host-1", sdk_version="0.1.0")
+NO_SECRETS = Redactor([])
 
 # --- result_body: the reference's shapes ---------------------------------------------------------
 
@@ -47,13 +48,13 @@ IDENTITY = WorkerIdentity(worker_id="w-1", hostname="host-1", sdk_version="0.1.0
     ],
 )
 def test_result_body_shapes(value: object, expected: dict[str, Any]) -> None:
-    assert result_body(value) == expected
+    assert result_body(value, redactor=NO_SECRETS) == expected
 
 
 @pytest.mark.parametrize("value", [{"error": "boom"}, {"a": 1}, {}, None, [1]])
 def test_stop_pod_marks_any_result(value: object) -> None:
     # The runner marks every body this way under refresh_worker (tests/test_runner.py).
-    body = result_body(value)
+    body = result_body(value, redactor=NO_SECRETS)
     assert with_stop_pod(body) is body
     assert body["stopPod"] is True
 
@@ -61,14 +62,14 @@ def test_stop_pod_marks_any_result(value: object) -> None:
 def test_the_users_dict_is_not_mutated() -> None:
     """Unlike the reference, which pops the keys from the returned dict itself."""
     cached = {"error": "x", "refresh_worker": True, "a": 1}
-    body = result_body(cached)
+    body = result_body(cached, redactor=NO_SECRETS)
     assert body == {"output": {"a": 1}, "error": "x", "stopPod": True}
     assert cached == {"error": "x", "refresh_worker": True, "a": 1}
 
 
 def test_no_copy_without_special_keys() -> None:
     value = {"a": 1}
-    assert result_body(value)["output"] is value
+    assert result_body(value, redactor=NO_SECRETS)["output"] is value
 
 
 def test_ambiguous_truthiness_counts_as_present() -> None:
@@ -77,7 +78,75 @@ def test_ambiguous_truthiness_counts_as_present() -> None:
             raise ValueError("The truth value of an array with more than one element is ambiguous")
 
     error = ArrayLike()
-    assert result_body({"error": error}) == {"error": error}
+    assert result_body({"error": error}, redactor=NO_SECRETS) == {"error": error}
+
+
+# --- a returned error is redacted; the output is not -------------------------------------------
+
+SECRET = "pw-0123456789"
+REDACTOR = Redactor([SECRET])
+
+
+def test_a_returned_error_string_is_redacted() -> None:
+    body = result_body({"error": f"login failed with {SECRET!r}"}, redactor=REDACTOR)
+    assert body == {"error": f"login failed with '{REDACTED}'"}
+
+
+def test_a_returned_error_object_is_redacted_everywhere_keys_included() -> None:
+    error = {"code": 7, SECRET: [f"a {SECRET}", (SECRET, 1.5), None, {"n": SECRET}], "ok": True}
+    body = result_body({"error": error}, redactor=REDACTOR)
+    assert body == {
+        "error": {
+            "code": 7,
+            REDACTED: [f"a {REDACTED}", [REDACTED, 1.5], None, {"n": REDACTED}],
+            "ok": True,
+        }
+    }
+    assert SECRET.encode() not in encode_result(body)
+
+
+def test_the_returned_error_object_is_not_mutated() -> None:
+    error = {"detail": [SECRET]}
+    result_body({"error": error}, redactor=REDACTOR)
+    assert error == {"detail": [SECRET]}
+
+
+def test_the_output_is_the_users_data_and_is_not_redacted() -> None:
+    """Outputs are not redacted: a result may legitimately contain anything (docs/design.md §8)."""
+    body = result_body({"error": SECRET, "echo": SECRET}, redactor=REDACTOR)
+    assert body == {"output": {"echo": SECRET}, "error": REDACTED}
+    assert result_body(SECRET, redactor=REDACTOR) == {"output": SECRET}
+
+
+def test_a_cyclic_error_object_stays_cyclic_and_is_refused_without_leaking() -> None:
+    error: list[object] = [SECRET]
+    error.append(error)
+    body = result_body({"error": error}, redactor=REDACTOR)
+    copy = body["error"]
+    assert copy[0] == REDACTED
+    assert copy[1] is copy
+    err = error_for(body)
+    assert err.error_type == "OutputNotSerializable"
+    assert SECRET not in str(err)
+
+
+def test_a_deep_error_object_is_redacted_without_recursion() -> None:
+    error: list[object] = []
+    inner = error
+    for _ in range(50_000):
+        inner.append([])
+        inner = inner[0]  # type: ignore[assignment]
+    inner.append(SECRET)
+    copy = result_body({"error": error}, redactor=REDACTOR)["error"]
+    for _ in range(50_000):
+        copy = copy[0]
+    assert copy == [REDACTED]
+
+
+def test_values_json_cannot_hold_are_left_for_encode_result_to_refuse() -> None:
+    body = result_body({"error": {"when": datetime.date(2024, 1, 2), "b": b"x"}}, redactor=REDACTOR)
+    assert body["error"] == {"when": datetime.date(2024, 1, 2), "b": b"x"}
+    assert error_for(body).error_type == "OutputNotSerializable"
 
 
 # --- streaming ---------------------------------------------------------------------------------
@@ -120,7 +189,7 @@ def test_happy_path_walks_the_value_once() -> None:
             return super().items()
 
     value = CountingDict(a=1, b=[1, 2, 3])
-    encode_result(result_body(value))
+    encode_result(result_body(value, redactor=NO_SECRETS))
     assert CountingDict.items_calls == 1
 
 

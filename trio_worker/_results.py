@@ -40,6 +40,7 @@ __all__ = [
     "ResultEncodingError",
     "encode_result",
     "output_error_body",
+    "redact_value",
     "result_body",
     "stream_final_body",
 ]
@@ -50,6 +51,8 @@ MAX_RESULT_BYTES = 20 * 1024 * 1024
 _MiB = 1024 * 1024
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 _ASCII_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+
+_Copy = dict[object, object] | list[object]
 
 ResultErrorType = Literal["OutputNotSerializable", "OutputTooLarge"]
 
@@ -79,14 +82,18 @@ def with_stop_pod(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def result_body(value: object) -> dict[str, Any]:
+def result_body(value: object, *, redactor: Redactor) -> dict[str, Any]:
     """The job-done body for a non-streaming handler's return value (docs/protocol.md §3.2).
 
-    >>> result_body({"error": "x", "a": 1})
-    {'output': {'a': 1}, 'error': 'x'}
-    >>> result_body({"refresh_worker": True})
+    A returned ``error`` is the job's error: it is redacted like every error the worker
+    sends (docs/design.md §8). The output is the user's data and is sent as returned.
+
+    >>> from ._capture import Redactor
+    >>> result_body({"error": "bad key s3cr3t", "a": 1}, redactor=Redactor(["s3cr3t"]))
+    {'output': {'a': 1}, 'error': 'bad key [REDACTED]'}
+    >>> result_body({"refresh_worker": True}, redactor=Redactor([]))
     {'stopPod': True}
-    >>> result_body(None)
+    >>> result_body(None, redactor=Redactor([]))
     {'output': None}
     """
     body: dict[str, Any]
@@ -100,12 +107,46 @@ def result_body(value: object) -> dict[str, Any]:
             refresh = rest.pop("refresh_worker", None)
         body = {"output": rest} if len(rest) else {}
         if _truthy(error):
-            body["error"] = error
+            body["error"] = redact_value(error, redactor)
         if _truthy(refresh):
             with_stop_pod(body)
     else:
         body = {"output": value}
     return body
+
+
+def redact_value(value: object, redactor: Redactor) -> object:
+    """*value* with every string in it, keys included, redacted; containers are copied,
+    the user's value is left as it was.
+
+    Anything JSON cannot hold is kept as is: ``encode_result`` then refuses it and the job
+    reports an ``OutputNotSerializable`` error, itself redacted. Iterative, so a deep value
+    cannot exhaust the interpreter's stack. A container met twice gets the same copy, so a
+    cycle stays a cycle (and is refused like the original).
+    """
+    copies: dict[int, _Copy] = {}
+    pending: list[dict[Any, Any] | list[Any] | tuple[Any, ...]] = []
+
+    def redacted(item: object) -> object:
+        if isinstance(item, str):
+            return redactor.redact(item)
+        if not isinstance(item, (dict, list, tuple)):
+            return item
+        if id(item) not in copies:
+            copies[id(item)] = {} if isinstance(item, dict) else []
+            pending.append(item)
+        return copies[id(item)]
+
+    root = redacted(value)
+    while pending:
+        source = pending.pop()
+        copy = copies[id(source)]
+        if isinstance(copy, dict) and isinstance(source, dict):
+            for key, item in source.items():
+                copy[redacted(key) if isinstance(key, str) else key] = redacted(item)
+        elif isinstance(copy, list):
+            copy.extend(redacted(item) for item in source)
+    return root
 
 
 def stream_final_body(chunks: list[object] | None, *, aggregate: bool) -> dict[str, Any]:

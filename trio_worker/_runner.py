@@ -223,7 +223,9 @@ class JobRunner:
         return with_stop_pod(body) if self.spec.refresh_worker else body
 
     def _result(self, value: object) -> Report:
-        return Report(self._encode(result_body(value)), is_stream=False)
+        return Report(
+            self._encode(result_body(value, redactor=self.settings.redactor)), is_stream=False
+        )
 
     def _encode(self, body: dict[str, Any]) -> bytes:
         try:

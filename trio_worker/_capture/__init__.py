@@ -5,10 +5,11 @@
 * ``_attribution``: per-job attribution of Python-level writes, and ``logs_for_job``,
   which puts a failed job's ``logs`` together from both.
 * ``_redact``: `Redactor`, which removes the worker's secrets from any text before it
-  leaves the process, including across the edge of a cut window.
+  leaves the process, including across the edge of a cut window; ``_forms`` builds the
+  pattern that finds a secret in every escaped form.
 
-Data flows one way: ``_redact`` <- ``_fd`` and ``_attribution``; nothing here imports the
-rest of the package.
+Data flows one way: ``_forms`` <- ``_redact`` <- ``_fd`` and ``_attribution``; nothing
+here imports the rest of the package.
 """
 
 from __future__ import annotations
