@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import socket
+import ssl
 import struct
 import warnings
 from collections import deque
@@ -24,6 +25,7 @@ import pytest
 import trio
 
 from trio_worker import TransportError
+from trio_worker._platform import _lean as lean_module
 from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
     HttpResponse,
@@ -32,6 +34,7 @@ from trio_worker._platform._http import (
     make_backend,
     proxy_configured,
 )
+from trio_worker._platform._tls import trust_context
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -331,12 +334,13 @@ def redirected(server: Server, monkeypatch: pytest.MonkeyPatch) -> list[tuple[st
         calls.append(("tcp", host, port))
         return await real_open("127.0.0.1", server.port)
 
-    async def fake_ssl(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+    async def fake_tls(host: str, port: int, context: ssl.SSLContext) -> trio.SocketStream:
+        assert context is trust_context()  # the one trust store
         calls.append(("ssl", host, port))
         return await real_open("127.0.0.1", server.port)
 
     monkeypatch.setattr(trio, "open_tcp_stream", fake_tcp)
-    monkeypatch.setattr(trio, "open_ssl_over_tcp_stream", fake_ssl)
+    monkeypatch.setattr(lean_module, "open_tls_stream", fake_tls)
     return calls
 
 
@@ -492,13 +496,32 @@ async def test_http10_response_without_keep_alive_is_not_reused(
     assert server.accepted == 2
 
 
-async def test_http10_response_with_keep_alive_is_reused(server: Server, client: LeanHttp) -> None:
+async def test_http10_response_with_keep_alive_is_not_reused(
+    server: Server, client: LeanHttp
+) -> None:
+    # h11 keeps only HTTP/1.1 connections alive: an HTTP/1.0 server gets a fresh one.
     server.reply(response(b"old", version="HTTP/1.0", headers=("Connection: Keep-Alive",)))
     server.reply(response(b"new"))
     with trio.fail_after(TIMEOUT):
-        await client.request("GET", server.url("/1"))
-        await client.request("GET", server.url("/2"))
-    assert server.accepted == 1
+        assert (await client.request("GET", server.url("/1"))).body == b"old"
+        await server.peers[0].client_closed.wait()
+        assert (await client.request("GET", server.url("/2"))).body == b"new"
+    assert server.accepted == 2
+
+
+@pytest.mark.parametrize(
+    "connection", ["keep-alive, close", "close, keep-alive", "Upgrade, Close", "x, CLOSE"]
+)
+async def test_close_anywhere_in_the_connection_list_is_not_reused(
+    server: Server, client: LeanHttp, connection: str
+) -> None:
+    server.reply(response(b"first", headers=(f"Connection: {connection}",)))
+    server.reply(response(b"second"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        await server.peers[0].client_closed.wait()
+        assert (await client.request("GET", server.url("/2"))).body == b"second"
+    assert server.accepted == 2
 
 
 async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: LeanHttp) -> None:
@@ -564,7 +587,7 @@ CHUNKED_WIRE = (
     b" \r\n"
     b"A\r\n"
     b"0123456789\r\n"
-    b"b ; ext\r\n"
+    b"b;ext\r\n"
     b"\r\n\r\n0\r\n\r\nab\r\n"
     b"0;last=1\r\n"
     b"X-Trailer: one\r\n"
