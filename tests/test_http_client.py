@@ -1412,6 +1412,15 @@ async def test_max_body_defaults_to_one_mib(server: Server, client: LeanHttp) ->
         await client.request("GET", server.url("/big"))
 
 
+async def test_an_endless_run_of_interim_answers_is_bounded(
+    server: Server, client: LeanHttp
+) -> None:
+    interim = b"HTTP/1.1 102 Processing\r\n\r\n"
+    server.reply(interim * (MAX_HEADER_BYTES // len(interim) + 1) + response(b"late"))
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="head too large"):
+        await client.request("GET", server.url("/interim"))
+
+
 async def test_too_many_header_fields_is_a_transport_error(
     server: Server, client: LeanHttp
 ) -> None:

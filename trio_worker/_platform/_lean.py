@@ -343,17 +343,18 @@ class LeanHttp:
     async def _read_head(self, connection: _Connection, origin: _Origin) -> h11.Response:
         while True:
             event = await connection.next_event()
+            # h11 bounds a head still incomplete; one that arrived whole in a large read,
+            # or an endless run of interim answers, is measured here, so the bound holds
+            # for all the heads together however the bytes were split.
+            if connection.received > MAX_HEADER_BYTES:
+                head_size = connection.received - len(connection.protocol.trailing_data[0])
+                if head_size > MAX_HEADER_BYTES:
+                    raise _head_too_large(origin)
             if isinstance(event, h11.Response):
                 connection.head = True
                 break
             if not isinstance(event, h11.InformationalResponse):  # 1xx: skipped
                 raise TransportError(f"unexpected answer from {origin.where}: {event!r}")
-        # h11 bounds a head still incomplete; one that arrived whole in a large read is
-        # measured here, so the bound does not depend on how the bytes were split.
-        if connection.received > MAX_HEADER_BYTES:
-            head_size = connection.received - len(connection.protocol.trailing_data[0])
-            if head_size > MAX_HEADER_BYTES:
-                raise _head_too_large(origin)
         if len(event.headers) > MAX_HEADER_COUNT:
             raise TransportError(
                 f"answer from {origin.where} has {len(event.headers)} header fields, "
