@@ -20,6 +20,7 @@ import pytest
 import trio
 import trio.testing
 
+from trio_worker import ConfigurationError
 from trio_worker._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES
 from trio_worker._platform._heartbeat import (
     HeartbeatThread,
@@ -514,3 +515,9 @@ def test_the_thread_and_the_lean_client_share_one_trust_store() -> None:
         assert pool._ssl_context is trust_context()
     finally:
         pinger.stop()
+
+
+def test_a_key_that_cannot_be_sent_is_refused_without_showing_it() -> None:
+    with pytest.raises(ConfigurationError, match="Authorization") as caught:
+        HeartbeatThread("http://p.test/ping", "rpa_key\r\nX: y", 1.0, Held())
+    assert "rpa_key" not in str(caught.value)

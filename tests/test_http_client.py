@@ -1572,3 +1572,12 @@ async def test_ssl_cert_file_is_honoured_by_every_client(
         await proxied.aclose()
     finally:
         trust_context.cache_clear()
+
+
+@pytest.mark.parametrize("environ", [{}, {"HTTPS_PROXY": "http://proxy.test:3128"}])
+def test_make_backend_refuses_a_key_that_cannot_be_sent_on_either_path(
+    environ: dict[str, str],
+) -> None:
+    with pytest.raises(ConfigurationError, match="Authorization") as caught:
+        make_backend({"Authorization": "rpa_key\nX: y"}, transport=None, environ=environ)
+    assert "rpa_key" not in str(caught.value)

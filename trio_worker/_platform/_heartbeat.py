@@ -27,6 +27,7 @@ import trio
 from .._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES, with_query
 from .._exceptions import TransportError
 from .._version import __version__
+from ._lean import check_headers
 from ._tls import trust_context
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class HeartbeatThread:
     """Pings from a daemon thread until :meth:`stop`."""
 
     def __init__(self, url: str, api_key: str, interval: float, held: HeldIds) -> None:
+        check_headers({"Authorization": api_key})
         self._urls = PingUrls(url)
         self._interval = interval
         self._held = held

@@ -39,6 +39,7 @@ from ._lean import (
     HttpResponse,
     LeanHttp,
     StreamOpener,
+    check_headers,
     check_size,
 )
 from ._tls import trust_context
@@ -125,6 +126,7 @@ def make_backend(
     An injected *open_stream* wins over a proxy variable: the streams it opens are the
     network.
     """
+    check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
     if transport is None and (open_stream is not None or not proxy_configured(env)):
         return LeanHttp(headers, open_stream=open_stream, connect_timeout=connect_timeout)

@@ -69,7 +69,14 @@ _HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def _static_block(headers: Mapping[str, str]) -> str:
-    """The fixed header lines, checked once: a value with a line break would forge headers.
+    """The fixed header lines, checked once (:func:`check_headers`)."""
+    check_headers(headers)
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Refuse fixed headers that cannot be sent: a value with a line break would forge
+    headers, and httpx would put the value itself (the API key) in its error message.
 
     Raises:
         ConfigurationError: naming the header, never its value (it may be the API key).
@@ -82,7 +89,6 @@ def _static_block(headers: Mapping[str, str]) -> str:
                 f"the {name} header's value holds a control character or a character "
                 "outside latin-1, and cannot be sent"
             )
-    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
 
 def _latin1(text: str) -> bool:
@@ -115,17 +121,20 @@ class _Connection:
             event = self.protocol.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            data = await self.stream.receive_some(RECEIVE_SIZE)
-            if data:
-                self.answered = True
-                self.received += len(data)
-            elif self.stale:
-                raise _StaleConnection
-            else:
-                self.closed = True
-            # b"": the server closed its side. (h11 is typed for bytes; memory streams
-            # may hand out a bytearray.)
-            self.protocol.receive_data(data if type(data) is bytes else bytes(data))
+            await self.receive()
+
+    async def receive(self) -> None:
+        """Hand h11 the next bytes of the stream (b"": the server closed its side)."""
+        data = await self.stream.receive_some(RECEIVE_SIZE)
+        if data:
+            self.answered = True
+            self.received += len(data)
+        elif self.stale:
+            raise _StaleConnection
+        else:
+            self.closed = True
+        # h11 is typed for bytes; memory streams may hand out a bytearray.
+        self.protocol.receive_data(data if type(data) is bytes else bytes(data))
 
 
 @dataclass(frozen=True)
@@ -331,6 +340,9 @@ class LeanHttp:
             connection.protocol.send(_h11_request(method))
             connection.protocol.send(_END)
             await connection.stream.send_all(message)
+            # Nothing of this answer can be in h11's buffer yet (a connection is pooled
+            # only when none was left over): read before asking h11 for an event.
+            await connection.receive()
             response = await self._read_head(connection, origin)
             return await self._read_body(connection, method, response, max_body, origin)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
