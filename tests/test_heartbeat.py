@@ -20,8 +20,17 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._platform._heartbeat import HeartbeatThread, heartbeat_task, ping_params
+from trio_worker import ConfigurationError
+from trio_worker._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES
+from trio_worker._platform._heartbeat import (
+    HeartbeatThread,
+    PingUrls,
+    heartbeat_task,
+    ping_params,
+    ping_url,
+)
 from trio_worker._platform._http import HttpxHttp
+from trio_worker._platform._tls import trust_context
 from trio_worker._version import __version__
 
 KEY = "rpa_ping_key"
@@ -364,3 +373,151 @@ async def test_heartbeat_task_keeps_the_ping_templates_query(
     [url] = urls
     assert url.params.get("gpu") == "A100"
     assert url.params.get("job_id") == "a"
+
+
+# --- bounds: the ping URL, the answer, anything a ping raises ------------------------------
+
+
+def long_ids(count: int) -> tuple[str, ...]:
+    return tuple(f"job-{n:04d}-" + "x" * 40 for n in range(count))
+
+
+def test_ping_urls_list_every_id_when_they_fit() -> None:
+    urls = PingUrls("http://p.test/ping?gpu=A100")
+    held = ("a b", "café", "w/x", "a,b")
+    url = urls(held)
+    assert url == ping_url("http://p.test/ping?gpu=A100", held)
+    assert parse_qs(urlsplit(url).query)["job_id"] == ["a b,café,w/x,a,b"]
+
+
+def test_ping_urls_stay_within_the_bound_and_take_turns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    held = long_ids(400)  # about 20 KiB of ids
+    urls = PingUrls("http://p.test/ping?gpu=A100")
+    listed: list[str] = []
+    for _ in range(4):
+        url = urls(held)
+        assert len(url) <= MAX_PING_URL_BYTES
+        assert parse_qs(urlsplit(url).query)["gpu"] == ["A100"]
+        listed += parse_qs(urlsplit(url).query)["job_id"][0].split(",")
+    # Each ping is nearly full, and after a few every held id was listed.
+    assert set(listed) == set(held)
+    warnings = [r for r in caplog.records if "do not fit one ping URL" in r.getMessage()]
+    assert len(warnings) == 1  # once per episode
+    assert urls(held[:3]) == ping_url("http://p.test/ping?gpu=A100", held[:3])
+    urls(held)
+    assert len([r for r in caplog.records if "do not fit" in r.getMessage()]) == 2
+
+
+def test_ping_urls_exactly_at_the_bound() -> None:
+    template = "http://p.test/ping"
+    base = len(ping_url(template, ("",)))
+    fits = ("a" * (100 - base), "b")
+    urls = PingUrls(template, limit=len(ping_url(template, fits)))
+    assert urls(fits) == ping_url(template, fits)
+    urls = PingUrls(template, limit=len(ping_url(template, fits)) - 1)
+    assert urls(fits) == ping_url(template, fits[:1])
+
+
+def test_an_id_that_never_fits_is_skipped_not_stuck() -> None:
+    template = "http://p.test/ping"
+    urls = PingUrls(template, limit=200)
+    held = ("x" * 500, "small")
+    assert urls(held) == ping_url(template, ())
+    assert urls(held) == ping_url(template, ("small",))
+
+
+def test_thread_pings_with_more_held_ids_than_fit() -> None:
+    held = Held(*long_ids(2000))  # ~100 KiB: past httpx's 64 KiB URL limit
+    with PingServer() as server, pinging(server.url, held):
+        pings = server.wait_for(lambda pings: len(pings) >= 3)
+    assert all(p.job_ids for p in pings[:3])
+
+
+class Crashing(Held):
+    """Held ids whose first read raises a BaseException that is no Exception."""
+
+    def __init__(self) -> None:
+        super().__init__("a")
+        self.raised = False
+
+    def __call__(self) -> tuple[str, ...]:
+        if not self.raised:
+            self.raised = True
+            raise BaseExceptionGroup("odd", [GeneratorExit()])
+        return self.ids
+
+
+def test_the_thread_survives_a_base_exception(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    with PingServer() as server, pinging(server.url, Crashing()) as pinger:
+        pings = server.wait_for(lambda pings: len(pings) >= 1)
+        assert pinger._thread.is_alive()
+    assert pings[0].job_ids == "a"
+    assert any("the next ping still goes out" in r.getMessage() for r in caplog.records)
+
+
+def test_a_huge_ping_answer_is_not_read(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    answered = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(64 * MAX_ANSWER_BYTES))
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                for _ in range(64 * 16):
+                    self.wfile.write(b"x" * (MAX_ANSWER_BYTES // 16))
+            answered.set()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.start()
+    try:
+        pinger = HeartbeatThread(f"http://127.0.0.1:{httpd.server_address[1]}/p", KEY, 9.0, Held())
+        pinger.ping_now()
+        pinger.stop()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(WAIT)
+    assert pinger.sent == 0
+    assert any("answer over" in r.getMessage() for r in caplog.records)
+
+
+async def test_heartbeat_task_bounds_its_url(autojump_clock: trio.testing.MockClock) -> None:
+    lengths: list[int] = []
+
+    async def platform(request: httpx.Request) -> httpx.Response:
+        lengths.append(len(str(request.url)))
+        return httpx.Response(200)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
+        with trio.move_on_after(2.5):
+            await heartbeat_task(
+                HttpxHttp(client), "http://p.test/ping", 1.0, Held(*long_ids(2000))
+            )
+    assert len(lengths) == 3
+    assert all(MAX_PING_URL_BYTES - 100 < n <= MAX_PING_URL_BYTES for n in lengths)
+
+
+def test_the_thread_and_the_lean_client_share_one_trust_store() -> None:
+    pinger = HeartbeatThread("http://p.test/ping", KEY, 1.0, Held())
+    try:
+        pool = pinger._client._transport._pool  # type: ignore[attr-defined]
+        assert pool._ssl_context is trust_context()
+    finally:
+        pinger.stop()
+
+
+def test_a_key_that_cannot_be_sent_is_refused_without_showing_it() -> None:
+    with pytest.raises(ConfigurationError, match="Authorization") as caught:
+        HeartbeatThread("http://p.test/ping", "rpa_key\r\nX: y", 1.0, Held())
+    assert "rpa_key" not in str(caught.value)

@@ -10,8 +10,11 @@ bounded by ``trio.fail_after``; the only sleeps are a few milliseconds to split 
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import pathlib
 import socket
+import ssl
 import struct
 import warnings
 from collections import deque
@@ -22,16 +25,21 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 import trio
+import trustme
 
-from trio_worker import TransportError
+from trio_worker import ConfigurationError, TransportError
+from trio_worker._config import MAX_ANSWER_BYTES
+from trio_worker._platform import _lean as lean_module
 from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
+    MAX_HEADER_COUNT,
     HttpResponse,
     HttpxHttp,
     LeanHttp,
     make_backend,
     proxy_configured,
 )
+from trio_worker._platform._tls import trust_context
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -331,12 +339,13 @@ def redirected(server: Server, monkeypatch: pytest.MonkeyPatch) -> list[tuple[st
         calls.append(("tcp", host, port))
         return await real_open("127.0.0.1", server.port)
 
-    async def fake_ssl(host: str, port: int, **kwargs: object) -> trio.SocketStream:
+    async def fake_tls(host: str, port: int, context: ssl.SSLContext) -> trio.SocketStream:
+        assert context is trust_context()  # the one trust store
         calls.append(("ssl", host, port))
         return await real_open("127.0.0.1", server.port)
 
     monkeypatch.setattr(trio, "open_tcp_stream", fake_tcp)
-    monkeypatch.setattr(trio, "open_ssl_over_tcp_stream", fake_ssl)
+    monkeypatch.setattr(lean_module, "open_tls_stream", fake_tls)
     return calls
 
 
@@ -492,13 +501,32 @@ async def test_http10_response_without_keep_alive_is_not_reused(
     assert server.accepted == 2
 
 
-async def test_http10_response_with_keep_alive_is_reused(server: Server, client: LeanHttp) -> None:
+async def test_http10_response_with_keep_alive_is_not_reused(
+    server: Server, client: LeanHttp
+) -> None:
+    # h11 keeps only HTTP/1.1 connections alive: an HTTP/1.0 server gets a fresh one.
     server.reply(response(b"old", version="HTTP/1.0", headers=("Connection: Keep-Alive",)))
     server.reply(response(b"new"))
     with trio.fail_after(TIMEOUT):
-        await client.request("GET", server.url("/1"))
-        await client.request("GET", server.url("/2"))
-    assert server.accepted == 1
+        assert (await client.request("GET", server.url("/1"))).body == b"old"
+        await server.peers[0].client_closed.wait()
+        assert (await client.request("GET", server.url("/2"))).body == b"new"
+    assert server.accepted == 2
+
+
+@pytest.mark.parametrize(
+    "connection", ["keep-alive, close", "close, keep-alive", "Upgrade, Close", "x, CLOSE"]
+)
+async def test_close_anywhere_in_the_connection_list_is_not_reused(
+    server: Server, client: LeanHttp, connection: str
+) -> None:
+    server.reply(response(b"first", headers=(f"Connection: {connection}",)))
+    server.reply(response(b"second"))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        await server.peers[0].client_closed.wait()
+        assert (await client.request("GET", server.url("/2"))).body == b"second"
+    assert server.accepted == 2
 
 
 async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: LeanHttp) -> None:
@@ -564,7 +592,7 @@ CHUNKED_WIRE = (
     b" \r\n"
     b"A\r\n"
     b"0123456789\r\n"
-    b"b ; ext\r\n"
+    b"b;ext\r\n"
     b"\r\n\r\n0\r\n\r\nab\r\n"
     b"0;last=1\r\n"
     b"X-Trailer: one\r\n"
@@ -1314,3 +1342,242 @@ def test_proxy_configured() -> None:
     assert not proxy_configured({"NO_PROXY": "*", "no_proxy": "*", "FTP_PROXY": "x"})
     assert not proxy_configured({"HTTPS_PROXY": ""})
     assert proxy_configured({"HTTPS_PROXY": "", "https_proxy": "http://p:1"})
+
+
+# --------------------------------------------------------------------------------------
+# RFC 9112 rejections (h11), bounds, request building
+# --------------------------------------------------------------------------------------
+
+RFC9112_REJECTED = {
+    "chunk size 0x10": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"0x10\r\n0123456789abcdef\r\n0\r\n\r\n",
+    "bytes after chunk data": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"3\r\nabcXY0\r\n\r\n",
+    "conflicting Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n"
+    b"Content-Length: 4\r\n\r\nabcd",
+    "gzip, chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+    b"3\r\nabc\r\n0\r\n\r\n",
+    "Content-Length ²": "HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\nok".encode(),
+    "whitespace before a chunk extension": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked"
+    b"\r\n\r\n3 ; ext\r\nabc\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("wire", list(RFC9112_REJECTED.values()), ids=list(RFC9112_REJECTED))
+async def test_what_rfc9112_rejects_is_a_transport_error(
+    server: Server, client: LeanHttp, wire: bytes
+) -> None:
+    server.reply(wire)
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(TransportError, match=f"malformed answer from 127.0.0.1:{server.port}"):
+            await client.request("GET", server.url("/bad"))
+        assert (await client.request("GET", server.url("/ok"))).body == b"fresh"
+    assert server.accepted == 2
+
+
+async def test_server_closing_before_answering_says_so(server: Server, client: LeanHttp) -> None:
+    server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", then="close")
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="closed the connection"):
+        await client.request("GET", server.url("/x"))
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        response(b"x" * 101),
+        response(b"x" * 50, headers=("Content-Length: 101",), length=False),  # declared
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"40\r\n" + b"x" * 64 + b"\r\n"
+        b"40\r\n" + b"x" * 64 + b"\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 101,  # delimited by the close
+    ],
+    ids=["content-length", "declared only", "chunked", "close-delimited"],
+)
+async def test_an_answer_over_max_body_is_a_transport_error(
+    server: Server, client: LeanHttp, wire: bytes
+) -> None:
+    server.reply(wire)
+    server.reply(response(b"y" * 100))
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(TransportError, match=r"GET http://127\.0\.0\.1:\d+: answer over 100"):
+            await client.request("GET", server.url("/big?secret=1"), max_body=100)
+        await server.peers[0].client_closed.wait()  # the connection was closed
+        answer = await client.request("GET", server.url("/ok"), max_body=100)
+    assert answer.body == b"y" * 100  # exactly at the bound is fine
+
+
+async def test_max_body_defaults_to_one_mib(server: Server, client: LeanHttp) -> None:
+    server.reply(response(b"x" * (MAX_ANSWER_BYTES + 1)), then="close")
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="answer over 1 MiB"):
+        await client.request("GET", server.url("/big"))
+
+
+async def test_an_endless_run_of_interim_answers_is_bounded(
+    server: Server, client: LeanHttp
+) -> None:
+    interim = b"HTTP/1.1 102 Processing\r\n\r\n"
+    server.reply(interim * (MAX_HEADER_BYTES // len(interim) + 1) + response(b"late"))
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="head too large"):
+        await client.request("GET", server.url("/interim"))
+
+
+async def test_too_many_header_fields_is_a_transport_error(
+    server: Server, client: LeanHttp
+) -> None:
+    fields = tuple(f"X-F{n}: v" for n in range(MAX_HEADER_COUNT))
+    server.reply(response(b"ok", headers=fields[:-1]))  # with Content-Length: at the bound
+    server.reply(response(b"ok", headers=fields), then="close")
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"ok"
+        with pytest.raises(TransportError, match="header fields"):
+            await client.request("GET", server.url("/2"))
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("Authorization", "key\r\nX-Injected: 1"),
+        ("Authorization", "key\n"),
+        ("Authorization", "key\x00"),
+        ("Authorization", "clé-€"),  # outside latin-1
+        ("Bad Name", "v"),
+        ("", "v"),
+    ],
+)
+def test_static_headers_that_cannot_be_sent_are_refused(name: str, value: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        LeanHttp({name: value})
+    if name == "Authorization":
+        assert "key" not in str(caught.value)  # the value is the API key: never shown
+
+
+async def test_an_odd_target_is_sent_percent_encoded(server: Server, client: LeanHttp) -> None:
+    server.reply(response())
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/a b/café/%41?q=é x&r=\ud800"))
+    assert server.requests[0].target == "/a%20b/caf%C3%A9/%41?q=%C3%A9%20x&r=%ED%A0%80"
+
+
+async def test_a_host_outside_latin1_is_a_transport_error(client: LeanHttp) -> None:
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="cannot send"):
+        await client.request("GET", "http://例え.テスト/x")
+
+
+# --------------------------------------------------------------------------------------
+# TLS: one trust store, handshakes within the connect timeout, failures that say why
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+async def serve_tls(nursery: trio.Nursery, ca: trustme.CA, hostname: str = "127.0.0.1") -> int:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(hostname).configure_cert(context)
+
+    async def handler(stream: trio.SSLStream[trio.SocketStream]) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    return
+                data += chunk
+            await stream.send_all(response(b"secure", headers=("Connection: close",)))
+            await stream.aclose()
+
+    listeners = await nursery.start(
+        partial(trio.serve_ssl_over_tcp, host="127.0.0.1"), handler, 0, context
+    )
+    port: int = listeners[0].transport_listener.socket.getsockname()[1]
+    return port
+
+
+async def test_tls_with_a_trusted_certificate(nursery: trio.Nursery, ca: trustme.CA) -> None:
+    port = await serve_tls(nursery, ca)
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    lean = LeanHttp({}, ssl_context=context)
+    with trio.fail_after(TIMEOUT):
+        assert (await lean.request("GET", f"https://127.0.0.1:{port}/")).body == b"secure"
+    await lean.aclose()
+
+
+async def test_tls_failure_says_why(nursery: trio.Nursery, ca: trustme.CA) -> None:
+    port = await serve_tls(nursery, ca)
+    lean = LeanHttp({}, ssl_context=ssl.create_default_context())  # does not trust the CA
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError) as caught:
+        await lean.request("GET", f"https://127.0.0.1:{port}/")
+    message = str(caught.value)
+    assert message.startswith("TLS handshake with 127.0.0.1 failed: ")
+    assert "certificate" in message
+
+
+async def test_tls_wrong_hostname_says_why(nursery: trio.Nursery, ca: trustme.CA) -> None:
+    port = await serve_tls(nursery, ca, hostname="other.test")
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    lean = LeanHttp({}, ssl_context=context)
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="TLS handshake with"):
+        await lean.request("GET", f"https://127.0.0.1:{port}/")
+
+
+async def test_a_server_that_never_handshakes_times_out_within_connect_timeout(
+    server: Server,
+) -> None:
+    async def silent(peer: Peer) -> None:
+        await peer.client_closed.wait()  # accepts TCP, never answers the ClientHello
+
+    server.handler = silent
+    lean = LeanHttp({}, connect_timeout=0.05)
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="timed out"):
+        await lean.request("GET", f"https://127.0.0.1:{server.port}/")
+    assert server.requests == []
+
+
+async def test_a_plain_http_server_behind_https_says_why(server: Server) -> None:
+    async def plain(peer: Peer) -> None:
+        await peer.stream.receive_some(65536)  # a ClientHello, answered in plain HTTP
+        await peer.send([b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"])
+        await peer.close()
+
+    server.handler = plain
+    lean = LeanHttp({})
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="TLS handshake with"):
+        await lean.request("GET", f"https://127.0.0.1:{server.port}/")
+
+
+async def test_ssl_cert_file_is_honoured_by_every_client(
+    nursery: trio.Nursery,
+    ca: trustme.CA,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = await serve_tls(nursery, ca)
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    trust_context.cache_clear()
+    try:
+        lean = LeanHttp({})
+        with trio.fail_after(TIMEOUT):
+            assert (await lean.request("GET", f"https://127.0.0.1:{port}/")).body == b"secure"
+        await lean.aclose()
+        proxied = make_backend({}, transport=None, environ={"HTTPS_PROXY": "http://unused"})
+        assert isinstance(proxied, HttpxHttp)
+        assert proxied._client._transport._pool._ssl_context is trust_context()  # type: ignore[attr-defined]
+        await proxied.aclose()
+    finally:
+        trust_context.cache_clear()
+
+
+@pytest.mark.parametrize("environ", [{}, {"HTTPS_PROXY": "http://proxy.test:3128"}])
+def test_make_backend_refuses_a_key_that_cannot_be_sent_on_either_path(
+    environ: dict[str, str],
+) -> None:
+    with pytest.raises(ConfigurationError, match="Authorization") as caught:
+        make_backend({"Authorization": "rpa_key\nX: y"}, transport=None, environ=environ)
+    assert "rpa_key" not in str(caught.value)

@@ -169,6 +169,31 @@ def test_usable_ids(job_id: str) -> None:
     assert take({"id": job_id, "input": 1}).jobs == [{"id": job_id, "input": 1}]
 
 
+@pytest.mark.parametrize(
+    ("item", "reason"),
+    [
+        ({"input": 1}, "the job has no 'id'"),
+        ({"id": 5, "input": 1}, "the id is not a string but int"),
+        ({"id": None, "input": 1}, "the id is not a string but NoneType"),
+        ({"id": "", "input": 1}, "the id is empty"),
+        ({"id": "x" * 513, "input": 1}, "the id has 513 characters, over 512"),
+        ({"id": "a\r\nb", "input": 1}, "the id holds a control or unprintable character"),
+        ({"id": "a\x1b[31m", "input": 1}, "the id holds a control or unprintable character"),
+        ({"id": "\ud800", "input": 1}, "the id holds a control or unprintable character"),
+        ({"id": "a\u2028b", "input": 1}, "the id holds a control or unprintable character"),
+    ],
+)
+def test_each_unaddressable_item_says_why(item: dict[str, object], reason: str) -> None:
+    [line] = take(item).unaddressable
+    assert line.startswith(reason + ": {")
+
+
+# Odd but addressable: sent percent-encoded as one path segment (tests/test_job_urls.py).
+@pytest.mark.parametrize("job_id", ["a?x=1", "a#b", "a&isStream=true", "a b", "café", "w/x", "😀"])
+def test_odd_printable_ids_are_jobs(job_id: str) -> None:
+    assert take({"id": job_id, "input": 1}).jobs == [{"id": job_id, "input": 1}]
+
+
 def test_preview_of_a_huge_item_is_bounded() -> None:
     response = take({"id": "x" * 100_000, "input": "y" * 100_000})
     assert len(response.unaddressable) == 1

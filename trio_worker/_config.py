@@ -28,6 +28,7 @@ import os
 import socket
 import uuid
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import quote
 
 from ._capture import Redactor
 from ._exceptions import ConfigurationError
@@ -62,6 +63,12 @@ DEFAULT_EXIT_FLUSH_WATCHDOG = 5.0  # flushing logs at exit; os._exit follows reg
 DEFAULT_LOGS_TAIL_CHARS = 16 * 1024
 DEFAULT_API_HOST = "localhost"
 DEFAULT_API_PORT = 8000
+# Bounds on what the network can make the worker hold (docs/protocol.md §2.0).
+MAX_TAKE_ANSWER_BYTES = 64 * 1024 * 1024  # one take answer: a batch of jobs with large inputs
+MAX_ANSWER_BYTES = 1024 * 1024  # any other answer: stop, ping, report acknowledgements
+# The whole ping URL: fits the 8 KiB request line of nginx's and Apache's defaults
+# (docs/protocol.md §2.6); held ids past it take turns, ping by ping.
+MAX_PING_URL_BYTES = 8000
 
 CaptureMode = Literal["on", "off"]
 LOG_LEVELS = {
@@ -138,11 +145,14 @@ class PlatformConfig:
         return self.take_url is not None
 
     def done_url(self, job_id: str, *, is_stream: bool) -> str:
+        """The job-done URL of *job_id*, the id percent-encoded (see :func:`job_path_segment`)."""
         flag = "true" if is_stream else "false"
-        return with_query(self.done_template.replace("$ID", job_id), f"isStream={flag}")
+        path = self.done_template.replace("$ID", job_path_segment(job_id))
+        return with_query(path, f"isStream={flag}")
 
     def stream_url(self, job_id: str) -> str:
-        return with_query(self.stream_template.replace("$ID", job_id), "isStream=false")
+        path = self.stream_template.replace("$ID", job_path_segment(job_id))
+        return with_query(path, "isStream=false")
 
     def take_request_url(self, count: int, *, in_progress: bool) -> str:
         """The URL of one take for up to *count* jobs (docs/protocol.md §2.1)."""
@@ -164,6 +174,18 @@ class LocalArgs:
     api_host: str = DEFAULT_API_HOST
     api_port: int = DEFAULT_API_PORT
     debugger: bool = False
+
+
+def job_path_segment(job_id: str) -> str:
+    """*job_id* as one URL path segment: every byte but ``A-Z a-z 0-9 - . _ ~`` percent-encoded.
+
+    So ``a?x=1``, ``a#b`` or ``a&isStream=true`` cannot end the path early and land on job
+    ``a``, ``w/x`` stays one segment, and ``a b`` or ``café`` become ASCII that any HTTP head
+    can carry (docs/protocol.md §2.3). The ids the platform issues use only unescaped
+    characters, so their URLs are byte for byte the reference's. Never raises: a lone
+    surrogate (which a take never admits, docs/protocol.md §2.1) is encoded as its bytes.
+    """
+    return quote(job_id, safe="", errors="surrogatepass")
 
 
 def with_query(url: str, param: str) -> str:

@@ -55,7 +55,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 import trio.testing
@@ -63,6 +63,7 @@ import trio.testing
 import trio_worker
 from trio_worker._capture import OutputCapture
 from trio_worker._capture._redact import Redactor
+from trio_worker._config import MAX_ANSWER_BYTES
 from trio_worker._lifecycle import (
     PHASE_TRANSITIONS,
     TRANSITIONS,
@@ -294,7 +295,7 @@ _ROUTES = {
 def route_of(url: str) -> tuple[str, str | None]:
     parts = urlsplit(url).path.strip("/").split("/")
     route = _ROUTES.get(parts[2], "other") if len(parts) > 2 else "other"
-    job_id = parts[4] if route in ("done", "stream") and len(parts) > 4 else None
+    job_id = unquote(parts[4]) if route in ("done", "stream") and len(parts) > 4 else None
     return route, job_id
 
 
@@ -424,7 +425,9 @@ class RecordingBackend:
         self._inner = inner
         self._rec = rec
 
-    async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse:
+    async def request(
+        self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
+    ) -> HttpResponse:
         rec = self._rec
         if time.monotonic() - rec.wall_start > WALL_LIMIT:
             raise RuntimeError(f"example exceeded {WALL_LIMIT}s of wall time (busy loop?)")
@@ -445,7 +448,7 @@ class RecordingBackend:
         ex.net = step = rec.next_step(route, index)
         token = _CHAOS.set(Chaos(step))
         try:
-            response = await self._inner.request(method, url, body)
+            response = await self._inner.request(method, url, body, max_body=max_body)
         except BaseException as exc:
             ex.end_seq, ex.end_time = rec.tick()
             ex.outcome = "cancelled" if only_cancelled(exc) else "error"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .._config import MAX_ANSWER_BYTES, MAX_TAKE_ANSWER_BYTES
 from .._exceptions import PlatformError, RateLimited, TransportError
 from .._version import __version__
 from ._http import HttpResponse, make_backend
@@ -125,7 +126,9 @@ class PlatformClient:
             TransportError: when the platform cannot be reached.
         """
         route = "take" if count == 1 else "take_batch"
-        response = await self.polls.request("GET", self.take_url(count, in_progress=in_progress))
+        url = self.take_url(count, in_progress=in_progress)
+        # Generous: a batch of jobs with large inputs (docs/protocol.md §2.0).
+        response = await self.polls.request("GET", url, max_body=MAX_TAKE_ANSWER_BYTES)
         status = response.status
         if status in (204, 400):
             return TakeResponse()
@@ -144,7 +147,7 @@ class PlatformClient:
             RateLimited, PlatformError, TransportError: as :meth:`take`.
         """
         assert self.config.stop_url is not None
-        response = await self.polls.request("GET", self.config.stop_url)
+        response = await self.polls.request("GET", self.config.stop_url, max_body=MAX_ANSWER_BYTES)
         status = response.status
         if status == 204:
             return []

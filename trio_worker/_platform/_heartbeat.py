@@ -19,13 +19,16 @@ import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
-from urllib.parse import urlencode
+from urllib.parse import quote_plus, urlencode
 
 import httpx
 import trio
 
-from .._config import with_query
+from .._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES, with_query
+from .._exceptions import TransportError
 from .._version import __version__
+from ._lean import check_headers
+from ._tls import trust_context
 
 if TYPE_CHECKING:
     from ._http import HttpBackend
@@ -51,11 +54,56 @@ def ping_params(held: tuple[str, ...]) -> dict[str, str]:
     return params
 
 
+class PingUrls:
+    """Each ping's URL, at most *limit* bytes long (docs/protocol.md §2.6).
+
+    With more held ids than fit, each ping lists as many as fit, starting where the
+    previous one stopped, so every held job is listed every few pings; one warning per
+    episode says so. Before this bound a URL past httpx's 64 KiB limit failed every ping,
+    and the silent worker's jobs were handed to others.
+    """
+
+    def __init__(self, template: str, limit: int = MAX_PING_URL_BYTES) -> None:
+        self._template = template
+        self._limit = limit
+        self._next = 0
+        self._over = False
+        # What a ping with ids adds to one without: "job_id=" and "&".
+        self._base = len(ping_url(template, ())) + len("job_id=&")
+
+    def __call__(self, held: tuple[str, ...]) -> str:
+        url = ping_url(self._template, held)
+        if len(url) <= self._limit:
+            self._over = False
+            return url
+        start = self._next % len(held)
+        room = self._limit - self._base
+        chosen: list[str] = []
+        for job_id in held[start:] + held[:start]:
+            cost = len(quote_plus(job_id)) + (3 if chosen else 0)  # "%2C" between ids
+            if cost > room:
+                break
+            room -= cost
+            chosen.append(job_id)
+        self._next = start + max(len(chosen), 1)  # one that never fits is skipped
+        if not self._over:
+            self._over = True
+            log.warning(
+                "the %d held job ids do not fit one ping URL of at most %d bytes; each ping "
+                "lists as many as fit (%d now), taking turns",
+                len(held),
+                self._limit,
+                len(chosen),
+            )
+        return ping_url(self._template, tuple(chosen))
+
+
 class HeartbeatThread:
     """Pings from a daemon thread until :meth:`stop`."""
 
     def __init__(self, url: str, api_key: str, interval: float, held: HeldIds) -> None:
-        self._url = url
+        check_headers({"Authorization": api_key})
+        self._urls = PingUrls(url)
         self._interval = interval
         self._held = held
         self._stopping = threading.Event()
@@ -63,6 +111,7 @@ class HeartbeatThread:
             headers={"Authorization": api_key},
             # A ping that takes longer than two intervals is worth less than the next one.
             timeout=httpx.Timeout(max(2 * interval, 1.0)),
+            verify=trust_context(),  # the worker's one trust store
         )
         self._thread = threading.Thread(
             target=self._loop, name="trio_worker heartbeat", daemon=True
@@ -74,14 +123,20 @@ class HeartbeatThread:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._thread.join(timeout=2 * self._interval + 1.0)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=2 * self._interval + 1.0)
         self._client.close()
 
     def ping_now(self) -> None:
         # Whatever one ping raises (httpx, a bad URL, a bug), the next one is still due:
         # a silent heartbeat gets the worker's jobs handed to another worker.
         try:
-            self._client.get(ping_url(self._url, self._held()))
+            with self._client.stream("GET", self._urls(self._held())) as response:
+                size = 0
+                for chunk in response.iter_raw():  # the answer is ignored, but bounded
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise TransportError(f"ping answer over {MAX_ANSWER_BYTES} bytes, not read")
             self.sent += 1
         except Exception as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
@@ -89,7 +144,13 @@ class HeartbeatThread:
     def _loop(self) -> None:
         due = time.monotonic()
         while not self._stopping.is_set():
-            self.ping_now()
+            try:
+                self.ping_now()
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:
+                # Nothing may end this thread but stop(): its death would be silent.
+                log.exception("heartbeat: unexpected error; the next ping still goes out")
             due += self._interval
             now = time.monotonic()
             if due < now:
@@ -100,9 +161,10 @@ class HeartbeatThread:
 
 async def heartbeat_task(client: HttpBackend, url: str, interval: float, held: HeldIds) -> None:
     """The same pings as :class:`HeartbeatThread`, as a trio task on trio's clock."""
+    urls = PingUrls(url)
     while True:
         try:
-            await client.request("GET", ping_url(url, held()))
+            await client.request("GET", urls(held()), max_body=MAX_ANSWER_BYTES)
         except Exception as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, exc)
         await trio.sleep(interval)

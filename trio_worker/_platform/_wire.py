@@ -32,8 +32,25 @@ class TakeResponse:
         return not (self.jobs or self.malformed)
 
 
-def _usable_id(value: object) -> bool:
-    return isinstance(value, str) and 0 < len(value) <= MAX_JOB_ID_LENGTH and value.isprintable()
+def id_problem(value: object) -> str | None:
+    """Why *value* cannot address a job on the platform, or None when it can.
+
+    A job id goes into the job-done and job-stream URLs percent-encoded as one path segment
+    (``PlatformConfig.done_url``) and into the ping's ``job_id`` list, so it must be text
+    that survives the trip: a string, not empty, at most ``MAX_JOB_ID_LENGTH`` characters
+    (at most ~6 KiB once encoded, within any server's request line), and printable, which
+    also rules out control characters (a log line or a header could be forged with them)
+    and lone surrogates (no UTF-8 form, so no URL) (docs/protocol.md §2.1).
+    """
+    if not isinstance(value, str):
+        return f"the id is not a string but {type(value).__name__}"
+    if not value:
+        return "the id is empty"
+    if len(value) > MAX_JOB_ID_LENGTH:
+        return f"the id has {len(value)} characters, over {MAX_JOB_ID_LENGTH}"
+    if not value.isprintable():
+        return "the id holds a control or unprintable character"
+    return None
 
 
 def _classify_item(item: object, out: TakeResponse) -> None:
@@ -41,8 +58,9 @@ def _classify_item(item: object, out: TakeResponse) -> None:
         out.unaddressable.append(f"job is not an object: {_preview(item)}")
         return
     job_id = item.get("id")
-    if not _usable_id(job_id):
-        out.unaddressable.append(f"job has no usable 'id': {_preview(item)}")
+    problem = "the job has no 'id'" if "id" not in item else id_problem(job_id)
+    if problem is not None:
+        out.unaddressable.append(f"{problem}: {_preview(item)}")
         return
     assert isinstance(job_id, str)
     if "input" not in item:

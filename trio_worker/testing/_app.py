@@ -31,7 +31,7 @@ endpoint API is open, as a local development server should be.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import trio
 
@@ -164,7 +164,11 @@ class FakePlatform(PlatformState):
             if scope["type"] == "lifespan":
                 await lifespan(receive, send)
             return
-        route, args = _match(scope["path"])
+        # Matched on the raw path, each segment decoded after the split: a job id sent
+        # percent-encoded (``w%2Fx``, docs/protocol.md §2.3) stays one argument.
+        raw_path = scope.get("raw_path")
+        path = raw_path.decode("latin-1") if raw_path is not None else scope["path"]
+        route, args = _match(path)
         try:
             body = await read_body(receive)
         except ClientGone:
@@ -175,6 +179,7 @@ class FakePlatform(PlatformState):
             # (docs/protocol.md §1.5); accept them rather than answer 404.
             args[-1], _, extra = args[-1].partition("&")
             query.update(parse_qsl(extra, keep_blank_values=True))
+        args = [unquote(arg) for arg in args]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         now = trio.current_time()
         record = RecordedRequest(now, scope["method"], route, scope["path"], query, headers, body)
