@@ -47,6 +47,7 @@ class Harness:
         self, nursery: trio.Nursery, handler: Handler, **kwargs: Any
     ) -> trio_worker.WorkerHandle:
         kwargs.setdefault("timings", trio_worker.Timings(claim_grace=3.0, report_deadline=2.0))
+        observers = [self._observe, *kwargs.pop("observers", ())]
 
         async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
             try:
@@ -58,7 +59,7 @@ class Harness:
                     handle_signals=False,
                     capture_logs="off",
                     task_status=task_status,
-                    observers=[self._observe],
+                    observers=observers,
                     **kwargs,
                 )
             except trio_worker.InitializationError as exc:

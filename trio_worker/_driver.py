@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -30,10 +31,10 @@ from ._decisions import (
     releases_at_shutdown,
 )
 from ._handlers import is_cancellation
-from ._lifecycle import JobEvent, JobState
+from ._lifecycle import JobEvent, JobState, WorkerPhase
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
 
     from ._config import Timings
     from ._delivery import Delivery
@@ -55,6 +56,7 @@ class JobDriver:
         delivery: Delivery,
         timings: Timings,
         refresh: Callable[[], None] | None,
+        slots: trio.CapacityLimiter,
     ) -> None:
         self.ledger = ledger
         self.phases = phases
@@ -63,6 +65,7 @@ class JobDriver:
         self.delivery = delivery
         self.timings = timings
         self.refresh = refresh
+        self.slots = slots
         self.shutdown_deadline = math.inf
         self.init_failed_body: bytes | None = None
         self._scopes: dict[str, trio.CancelScope] = {}
@@ -164,16 +167,42 @@ class JobDriver:
             await self.gate.wait()
             # A stop or release in the same step as the gate opened: it wins.
             await self._unwind_if_requested(job)
-        self.fire(job, JobEvent.START)
-        try:
-            report = await self.runner.run(job)
-        except BaseException as exc:
-            if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
-                raise
-            # The shutdown grace ran out while the handler was still running.
-            report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+        async with self._slot(job):
+            self.fire(job, JobEvent.START)
+            try:
+                report = await self.runner.run(job)
+            except BaseException as exc:
+                if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
+                    raise
+                # The shutdown grace ran out while the handler was still running.
+                report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
         self.fire(job, JobEvent.FINISH)
         return report
+
+    @asynccontextmanager
+    async def _slot(self, job: HeldJob) -> AsyncIterator[None]:
+        """One of the ``concurrency`` handler slots, for the handler's run only.
+
+        A take may deliver more jobs than asked for: every one is held (pinged, owed a
+        report), but no more than ``concurrency`` handlers run at once (docs/design.md §4 I7).
+        """
+        try:
+            self.slots.acquire_nowait()
+        except trio.WouldBlock:
+            self.fire(job, JobEvent.WAIT_FOR_SLOT)
+            if self.phases.phase is WorkerPhase.DRAINING:
+                # Delivered during a shutdown with no slot free: it would never start in time.
+                self.request(job, JobEvent.REQUEST_RELEASE)
+            await self._unwind_if_requested(job)
+            await self.slots.acquire()
+            if job.state is not JobState.WAITING_FOR_SLOT:
+                # A stop or release in the same step as the slot freed: it wins.
+                self.slots.release()
+                await self._unwind_if_requested(job)
+        try:
+            yield
+        finally:
+            self.slots.release()
 
     def _outcome(self, job: HeldJob) -> Outcome:
         grace_over = trio.current_time() >= self.shutdown_deadline

@@ -108,7 +108,7 @@ class Supervisor:
             self.ledger.observers.append(observer)
             if (phase_changed := getattr(observer, "phase_changed", None)) is not None:
                 self.phases.observers.append(phase_changed)
-        self.capacity = Capacity(concurrency)
+        self.capacity = capacity = Capacity(concurrency)
         self.stop_memory = StopMemory(timings.stop_memory, timings.stop_memory_size)
         self.delivery = Delivery(settings, client)
         self.gate = trio.Event()  # wakes the jobs at the gate; the truth is self.phases
@@ -122,6 +122,7 @@ class Supervisor:
             refresh=partial(self.request_shutdown, "refresh_worker: first job done")
             if refresh_worker
             else None,
+            slots=capacity.slots,
         )
         self.failure: InitFailure | None = None
         self._claim_deadline = math.inf

@@ -102,7 +102,7 @@ SETTLE_LIMIT = 30.0
 S = JobState
 E = JobEvent
 # Not started: a stop reaching the job now must end it STOPPED.
-WAITING = (S.TAKEN, S.WAITING_FOR_INIT, S.RELEASING, S.MALFORMED)
+WAITING = (S.TAKEN, S.WAITING_FOR_INIT, S.WAITING_FOR_SLOT, S.RELEASING, S.MALFORMED)
 
 # -- what is recorded --------------------------------------------------------------------
 
