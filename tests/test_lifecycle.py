@@ -18,6 +18,7 @@ from trio_worker._decisions import (
     on_admit,
     on_cancelled,
     on_delivered,
+    on_stuck,
     releases_at_shutdown,
 )
 from trio_worker._intake import Capacity, StopMemory
@@ -336,6 +337,15 @@ def test_every_outcome_is_a_transition_from_that_state(
 )
 def test_releases_at_shutdown(state: JobState, gate_open: bool, expected: bool) -> None:
     assert releases_at_shutdown(state, gate_open=gate_open) is expected
+
+
+@pytest.mark.parametrize("state", list(S))
+def test_on_stuck_settles_only_a_handler_still_running_or_stopping(state: JobState) -> None:
+    expected = {S.RUNNING: Outcome.REPORT_SHUTDOWN, S.STOPPING: Outcome.STOP}
+    outcome = on_stuck(state)
+    assert outcome is expected.get(state, Outcome.PROPAGATE)
+    event = {Outcome.STOP: E.STOP, Outcome.REPORT_SHUTDOWN: E.FINISH}.get(outcome)
+    assert event is None or (state, event) in TRANSITIONS
 
 
 @pytest.mark.parametrize(

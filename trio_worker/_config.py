@@ -60,6 +60,9 @@ DEFAULT_STOP_MEMORY = 120.0
 DEFAULT_STOP_MEMORY_SIZE = 1024
 DEFAULT_SYNC_CLOSE_BOUND = 5.0  # a sync generator's cleanup when its stream ends early
 DEFAULT_EXIT_FLUSH_WATCHDOG = 5.0  # flushing logs at exit; os._exit follows regardless
+# After the shutdown grace: start() exits this much later at the latest, whatever a handler
+# or the event loop does, unless reports are still being delivered (docs/design.md §9).
+DEFAULT_EXIT_WATCHDOG = 5.0
 DEFAULT_LOGS_TAIL_CHARS = 16 * 1024
 DEFAULT_API_HOST = "localhost"
 DEFAULT_API_PORT = 8000
@@ -104,6 +107,7 @@ class Timings:
     stop_memory_size: int = DEFAULT_STOP_MEMORY_SIZE
     sync_close_bound: float = DEFAULT_SYNC_CLOSE_BOUND
     exit_flush_watchdog: float = DEFAULT_EXIT_FLUSH_WATCHDOG
+    exit_watchdog: float = DEFAULT_EXIT_WATCHDOG
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

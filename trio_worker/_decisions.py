@@ -94,6 +94,17 @@ def releases_at_shutdown(state: JobState, *, gate_open: bool) -> bool:
     return not gate_open and state in (S.TAKEN, S.WAITING_FOR_INIT)
 
 
+def on_stuck(state: JobState) -> Outcome:
+    """A job whose task has not unwound well after the shutdown grace cancelled it: its
+    handler swallowed the cancellation. Settled on its behalf, as the cancellation would
+    have settled it (docs/design.md §9)."""
+    if state is S.STOPPING:
+        return Outcome.STOP
+    if state is S.RUNNING:
+        return Outcome.REPORT_SHUTDOWN
+    return Outcome.PROPAGATE  # not stuck in a handler: left to its own task
+
+
 def on_delivered(
     phase: WorkerPhase, *, delivered: bool, refresh_worker: bool
 ) -> tuple[JobEvent, bool]:

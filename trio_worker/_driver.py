@@ -28,6 +28,7 @@ from ._decisions import (
     on_admit,
     on_cancelled,
     on_delivered,
+    on_stuck,
     releases_at_shutdown,
 )
 from ._handlers import is_cancellation
@@ -156,8 +157,9 @@ class JobDriver:
         if job.state in (JobState.STOPPING, JobState.RELEASING):
             await trio.lowlevel.checkpoint()  # the job's scope is cancelled: this raises
 
-    async def _prepare(self, job: HeldJob) -> Report:
-        """Inside the job's scope: the report on a malformed job, or the handler's."""
+    async def _prepare(self, job: HeldJob) -> Report | None:
+        """Inside the job's scope: the report on a malformed job, or the handler's (None
+        when the job was settled on its behalf meanwhile)."""
         await self._unwind_if_requested(job)
         if job.state is JobState.MALFORMED:
             self.fire(job, JobEvent.FAIL)
@@ -176,6 +178,8 @@ class JobDriver:
                     raise
                 # The shutdown grace ran out while the handler was still running.
                 report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+        if job.abandoned:
+            return None  # settled on its behalf after the grace (see settle_stuck)
         self.fire(job, JobEvent.FINISH)
         return report
 
@@ -235,6 +239,33 @@ class JobDriver:
         self.fire(job, event)
         if drain and self.refresh is not None:
             self.refresh()
+
+    async def settle_stuck(self) -> list[str]:
+        """Settle the jobs whose handler swallowed the shutdown's cancellation: a running
+        one is reported ``worker_shutdown`` here, a stopped one is stopped (``on_stuck``).
+
+        Their tasks can never end, but the reports they owe go out (docs/design.md §9).
+        Returns the ids settled.
+        """
+        stuck = [job for job in self.ledger if on_stuck(job.state) is not Outcome.PROPAGATE]
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for job in stuck:
+                    log.error(
+                        "job %s: its handler ignored the cancellation at the end of the "
+                        "shutdown grace and is still running; settling it without it",
+                        job.id,
+                    )
+                    job.abandoned = True
+                    if on_stuck(job.state) is Outcome.STOP:
+                        self.fire(job, JobEvent.STOP)
+                        continue
+                    self.fire(job, JobEvent.FINISH)
+                    report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+                    nursery.start_soon(
+                        partial(self._report, job, report.body, is_stream=report.is_stream)
+                    )
+        return [job.id for job in stuck]
 
     async def fail_all(self, jobs: list[HeldJob]) -> None:
         """Fail *jobs* with the init failure, all at once (docs/design.md §6.4)."""

@@ -164,6 +164,9 @@ class HeldJob:
     state: JobState = JobState.TAKEN
     history: list[JobState] = field(default_factory=list)
     reason: str = ""  # why a MALFORMED job cannot be run
+    # Settled on its behalf after its handler swallowed the shutdown's cancellation: if the
+    # handler ever returns, its task must not settle it again.
+    abandoned: bool = False
 
     def can(self, event: JobEvent) -> bool:
         return (self.state, event) in TRANSITIONS
