@@ -141,18 +141,84 @@ def test_template_without_query_gets_a_question_mark() -> None:
     assert config.stream_url("j") == f"{H}/job-stream/w1/j?isStream=false"
 
 
-def test_done_template_without_job_id_placeholder_is_used_as_is() -> None:
-    # The reference's local simulator has no $ID in the done URL (docs/protocol.md §1.5).
-    config = platform_from_env(env(RUNPOD_WEBHOOK_POST_OUTPUT=f"{H}/job-done?gpu=A100"))
-    assert config.done_url("j", is_stream=False) == f"{H}/job-done?gpu=A100&isStream=false"
+def test_done_template_without_job_id_placeholder_is_refused() -> None:
+    # The reference's local simulator has no $ID in the done URL: every job would be
+    # reported to one URL, so the platform could not tell them apart (docs/protocol.md §1.5).
+    with pytest.raises(ConfigurationError, match=r"RUNPOD_WEBHOOK_POST_OUTPUT.*\$ID"):
+        platform_from_env(env(RUNPOD_WEBHOOK_POST_OUTPUT=f"{H}/job-done?gpu=A100"))
+    with pytest.raises(ConfigurationError, match=r"RUNPOD_WEBHOOK_POST_STREAM.*\$ID"):
+        platform_from_env(env(RUNPOD_WEBHOOK_POST_STREAM=f"{H}/job-stream?gpu=A100"))
 
 
-def test_done_and_stream_defaults_match_the_reference() -> None:
-    config = platform_from_env(
-        env(RUNPOD_WEBHOOK_POST_OUTPUT=None, RUNPOD_WEBHOOK_POST_STREAM=None)
-    )
-    assert config.done_template == "JOB_DONE_URL"
-    assert config.stream_template == "JOB_STREAM_URL"
+@pytest.mark.parametrize("value", [None, ""])
+def test_post_output_unset_in_queue_mode_is_refused(value: str | None) -> None:
+    # The reference starts and loses every result to the literal JOB_DONE_URL.
+    with pytest.raises(ConfigurationError, match="RUNPOD_WEBHOOK_POST_OUTPUT"):
+        platform_from_env(env(RUNPOD_WEBHOOK_POST_OUTPUT=value))
+
+
+def test_post_stream_unset_is_derived_from_the_job_done_url() -> None:
+    config = platform_from_env(env(RUNPOD_WEBHOOK_POST_STREAM=None))
+    assert config.stream_template == f"{H}/job-stream/w1/$ID?gpu=A100"
+    assert config.stream_url("j") == f"{H}/job-stream/w1/j?gpu=A100&isStream=false"
+
+
+def test_post_stream_unset_and_not_derivable_is_refused() -> None:
+    environ = env(RUNPOD_WEBHOOK_POST_STREAM=None, RUNPOD_WEBHOOK_POST_OUTPUT=f"{H}/done/$ID")
+    with pytest.raises(ConfigurationError, match="RUNPOD_WEBHOOK_POST_STREAM"):
+        platform_from_env(environ)
+
+
+BAD_URLS = [
+    "JOB_DONE_URL",
+    "/v2/ep/job-done/$ID",
+    "ftp://h/job-done/$ID",
+    "http:///job-done/$ID",
+    "http://:80/job-done/$ID",
+    "http://h:port/job-done/$ID",
+    "http://h/job done/$ID",
+    "http://h/job-done/$ID\r\nX-Evil: 1",
+    "http://h/job-done/$ID\x00",
+    "http://[::1/job-done/$ID",
+]
+URL_VARIABLES = [
+    "RUNPOD_WEBHOOK_GET_JOB",
+    "RUNPOD_WEBHOOK_POST_OUTPUT",
+    "RUNPOD_WEBHOOK_POST_STREAM",
+    "RUNPOD_WEBHOOK_PING",
+]
+
+
+@pytest.mark.parametrize("name", URL_VARIABLES)
+@pytest.mark.parametrize("value", BAD_URLS)
+def test_every_url_must_be_absolute_http_with_a_host(name: str, value: str) -> None:
+    with pytest.raises(ConfigurationError, match=name) as caught:
+        platform_from_env(env(**{name: value}))
+    assert "\n" not in str(caught.value).replace("\\n", "")
+
+
+def test_credentials_in_a_refused_url_are_not_shown() -> None:
+    with pytest.raises(ConfigurationError, match="RUNPOD_WEBHOOK_PING") as caught:
+        platform_from_env(env(RUNPOD_WEBHOOK_PING="http://user:s3cret@h:port/ping"))
+    assert "s3cret" not in str(caught.value)
+
+
+def test_urls_are_not_checked_in_local_mode() -> None:
+    # Without GET_JOB the worker runs locally and never posts: nothing to refuse.
+    environ = env(RUNPOD_WEBHOOK_GET_JOB=None, RUNPOD_WEBHOOK_POST_OUTPUT=None)
+    assert platform_from_env({**environ, "RUNPOD_WEBHOOK_PING": "nope"}).take_url is None
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["rpa_k\ney", "rpa_k\rey", "rpa\x00", "rpa\tkey", "rpa\x7f", "rpa\x1b[0m", "rpa\x85", "clé"],
+)
+def test_api_key_with_control_or_non_ascii_characters_is_refused_without_showing_it(
+    key: str,
+) -> None:
+    with pytest.raises(ConfigurationError, match="RUNPOD_AI_API_KEY") as caught:
+        platform_from_env(env(RUNPOD_AI_API_KEY=key))
+    assert "rpa" not in str(caught.value) and "clé" not in str(caught.value)
 
 
 def test_job_id_per_request_does_not_touch_the_template() -> None:

@@ -18,6 +18,7 @@ from trio_worker._decisions import (
     on_admit,
     on_cancelled,
     on_delivered,
+    on_stuck,
     releases_at_shutdown,
 )
 from trio_worker._intake import Capacity, StopMemory
@@ -47,6 +48,7 @@ PATH_TO: dict[JobState, list[JobEvent]] = {
     S.TAKEN: [],
     S.MALFORMED: [E.MARK_MALFORMED],
     S.WAITING_FOR_INIT: [E.WAIT_FOR_INIT],
+    S.WAITING_FOR_SLOT: [E.WAIT_FOR_SLOT],
     S.RUNNING: [E.START],
     S.STOPPING: [E.REQUEST_STOP],
     S.RELEASING: [E.REQUEST_RELEASE],
@@ -126,6 +128,9 @@ FORBIDDEN = [
     (S.TAKEN, E.STOP, "a stop is requested first, then settled"),
     (S.TAKEN, E.ACKNOWLEDGE, "nothing is acknowledged before it is reported"),
     (S.WAITING_FOR_INIT, E.FINISH, "only a started handler finishes"),
+    (S.WAITING_FOR_SLOT, E.FINISH, "only a started handler finishes"),
+    (S.WAITING_FOR_SLOT, E.WAIT_FOR_INIT, "the gate comes before the slot"),
+    (S.RUNNING, E.WAIT_FOR_SLOT, "a running handler already has its slot"),
     *[(t, e, "a terminal state accepts nothing") for t in S if t.terminal for e in E],
 ]
 
@@ -282,6 +287,11 @@ CANCELLED = [
     (S.RELEASING, P.DRAINING, True, Outcome.RELEASE),
     (S.TAKEN, P.DRAINING, False, Outcome.RELEASE),
     (S.WAITING_FOR_INIT, P.DRAINING, True, Outcome.RELEASE),
+    # Waiting for a handler slot is waiting at the gate's twin: released, never run.
+    (S.WAITING_FOR_SLOT, P.DRAINING, False, Outcome.RELEASE),
+    (S.WAITING_FOR_SLOT, P.DRAINING, True, Outcome.RELEASE),
+    (S.WAITING_FOR_SLOT, P.INIT_FAILED, False, Outcome.REPORT_INIT_FAILURE),
+    (S.WAITING_FOR_SLOT, P.READY, False, Outcome.PROPAGATE),
     (S.TAKEN, P.READY, False, Outcome.PROPAGATE),
     (S.WAITING_FOR_INIT, P.INITIALIZING, False, Outcome.PROPAGATE),
     (S.MALFORMED, P.DRAINING, False, Outcome.PROPAGATE),
@@ -318,6 +328,7 @@ def test_every_outcome_is_a_transition_from_that_state(
         (S.TAKEN, False, True),
         (S.WAITING_FOR_INIT, False, True),
         (S.TAKEN, True, False),  # the gate is open: it will run within the grace
+        (S.WAITING_FOR_SLOT, True, True),  # no handler slot: it would never start in time
         (S.MALFORMED, False, False),
         (S.STOPPING, False, False),
         (S.RUNNING, False, False),
@@ -326,6 +337,15 @@ def test_every_outcome_is_a_transition_from_that_state(
 )
 def test_releases_at_shutdown(state: JobState, gate_open: bool, expected: bool) -> None:
     assert releases_at_shutdown(state, gate_open=gate_open) is expected
+
+
+@pytest.mark.parametrize("state", list(S))
+def test_on_stuck_settles_only_a_handler_still_running_or_stopping(state: JobState) -> None:
+    expected = {S.RUNNING: Outcome.REPORT_SHUTDOWN, S.STOPPING: Outcome.STOP}
+    outcome = on_stuck(state)
+    assert outcome is expected.get(state, Outcome.PROPAGATE)
+    event = {Outcome.STOP: E.STOP, Outcome.REPORT_SHUTDOWN: E.FINISH}.get(outcome)
+    assert event is None or (state, event) in TRANSITIONS
 
 
 @pytest.mark.parametrize(

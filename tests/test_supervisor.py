@@ -47,6 +47,7 @@ class Harness:
         self, nursery: trio.Nursery, handler: Handler, **kwargs: Any
     ) -> trio_worker.WorkerHandle:
         kwargs.setdefault("timings", trio_worker.Timings(claim_grace=3.0, report_deadline=2.0))
+        observers = [self._observe, *kwargs.pop("observers", ())]
 
         async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
             try:
@@ -58,7 +59,7 @@ class Harness:
                     handle_signals=False,
                     capture_logs="off",
                     task_status=task_status,
-                    observers=[self._observe],
+                    observers=observers,
                     **kwargs,
                 )
             except trio_worker.InitializationError as exc:
@@ -351,3 +352,31 @@ async def test_cancelling_serve_during_shutdown_with_a_job_running_is_clean(
             outer.cancel()
     assert outer.cancelled_caught
     assert harness.finished.is_set()
+
+
+async def test_handler_swallowing_the_grace_cancellation_still_gets_its_report(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    returned = trio.Event()
+
+    async def swallows(job: dict[str, Any]) -> Any:
+        try:
+            await trio.sleep(3600)
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(100)
+        returned.set()
+        return "too late"
+
+    timings = trio_worker.Timings(shutdown_grace=2.0, report_deadline=2.0)
+    handle = await harness.start(nursery, swallows, timings=timings)
+    job_id = harness.platform.enqueue({})
+    await harness.wait_until(lambda: job_id in handle.held_ids)
+    handle.shutdown()
+    await harness.wait_until(lambda: not handle.held_ids)
+    assert error_of(harness.platform, job_id)["error_category"] == "worker_shutdown"
+    assert not harness.finished.is_set()  # serve() cannot return while the handler runs
+    # When the handler finally returns, its result is dropped: the job was settled.
+    await returned.wait()
+    await harness.finished.wait()
+    assert len(harness.platform.job(job_id).done_reports) == 1

@@ -28,7 +28,7 @@ import os
 import socket
 import uuid
 from typing import TYPE_CHECKING, Literal
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ._capture import Redactor
 from ._exceptions import ConfigurationError
@@ -60,6 +60,9 @@ DEFAULT_STOP_MEMORY = 120.0
 DEFAULT_STOP_MEMORY_SIZE = 1024
 DEFAULT_SYNC_CLOSE_BOUND = 5.0  # a sync generator's cleanup when its stream ends early
 DEFAULT_EXIT_FLUSH_WATCHDOG = 5.0  # flushing logs at exit; os._exit follows regardless
+# After the shutdown grace: start() exits this much later at the latest, whatever a handler
+# or the event loop does, unless reports are still being delivered (docs/design.md §9).
+DEFAULT_EXIT_WATCHDOG = 5.0
 DEFAULT_LOGS_TAIL_CHARS = 16 * 1024
 DEFAULT_API_HOST = "localhost"
 DEFAULT_API_PORT = 8000
@@ -110,6 +113,7 @@ class Timings:
     stop_memory_size: int = DEFAULT_STOP_MEMORY_SIZE
     sync_close_bound: float = DEFAULT_SYNC_CLOSE_BOUND
     exit_flush_watchdog: float = DEFAULT_EXIT_FLUSH_WATCHDOG
+    exit_watchdog: float = DEFAULT_EXIT_WATCHDOG
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -203,46 +207,109 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _shown(url: str) -> str:
+    """*url* for an error message: credentials in it (``user:pw@``) are not shown."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.partition("@")
+    return repr(f"{scheme}{sep}***@{host}" if at and "/" not in userinfo else url)
+
+
+def _check_url(name: str, value: str) -> None:
+    """An absolute http(s) URL with a host, nothing a request line could not carry."""
+    shown = _shown(value)
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError as exc:
+        raise ConfigurationError(f"{name} is not a usable URL ({exc}): {shown}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(f"{name} must be an absolute http(s) URL, got {shown}")
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise ConfigurationError(f"{name} contains whitespace or a control character: {shown}")
+
+
+def _check_api_key(value: str) -> None:
+    # Written verbatim into every request's Authorization header: a CR or LF would split
+    # the header, anything outside printable ASCII cannot be sent. Never echo the key.
+    if any(not (" " <= ch <= "~") for ch in value):
+        raise ConfigurationError(
+            "RUNPOD_AI_API_KEY contains a control or non-ASCII character (value not shown)"
+        )
+
+
+def _report_templates(environ: Mapping[str, str]) -> tuple[str, str]:
+    """POST_OUTPUT and POST_STREAM, checked for queue mode (docs/protocol.md §1.1).
+
+    An unset POST_STREAM is derived from POST_OUTPUT's ``/job-done/`` path, the wiring the
+    platform hands out; the reference posts every chunk to a literal placeholder instead.
+    """
+    done = environ.get("RUNPOD_WEBHOOK_POST_OUTPUT") or ""
+    if not done:
+        raise ConfigurationError(
+            "RUNPOD_WEBHOOK_POST_OUTPUT is not set: no job result could be reported"
+        )
+    stream = environ.get("RUNPOD_WEBHOOK_POST_STREAM") or ""
+    if not stream:
+        if "/job-done/" not in done:
+            raise ConfigurationError(
+                "RUNPOD_WEBHOOK_POST_STREAM is not set and cannot be derived from "
+                "RUNPOD_WEBHOOK_POST_OUTPUT (no /job-done/ in it)"
+            )
+        stream = done.replace("/job-done/", "/job-stream/", 1)
+    for name, value in (
+        ("RUNPOD_WEBHOOK_POST_OUTPUT", done),
+        ("RUNPOD_WEBHOOK_POST_STREAM", stream),
+    ):
+        _check_url(name, value)
+        if "$ID" not in value:
+            raise ConfigurationError(
+                f"{name} has no $ID placeholder: every job would be reported to one URL"
+            )
+    return done, stream
+
+
 def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
     """Read the platform wiring from *environ* (docs/protocol.md §1.1 and §1.5).
 
+    In queue mode (``RUNPOD_WEBHOOK_GET_JOB`` set) every URL the worker will need is
+    checked here, so a bad one stops the worker before it takes a job it could not report.
+
     Raises:
-        ConfigurationError: when a variable holds a value the worker cannot use.
+        ConfigurationError: when a variable holds a value the worker cannot use; the
+            message names the variable (and never shows the API key).
     """
     worker_id = environ.get("RUNPOD_POD_ID") or str(uuid.uuid4())
+    api_key = environ.get("RUNPOD_AI_API_KEY", "")
+    _check_api_key(api_key)
     get_job = environ.get("RUNPOD_WEBHOOK_GET_JOB")
     take_url = batch_url = stop_url = None
+    done, stream = "JOB_DONE_URL", "JOB_STREAM_URL"  # the reference's placeholders
     if get_job:
-        if not get_job.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"RUNPOD_WEBHOOK_GET_JOB must be an http(s) URL, got {get_job!r}"
-            )
+        _check_url("RUNPOD_WEBHOOK_GET_JOB", get_job)
         take_url = get_job.replace("$ID", worker_id)
         if "/job-take/" in take_url:
             batch_url = take_url.replace("/job-take/", "/job-take-batch/")
             stop_url = take_url.replace("/job-take/", "/job-stop/")
         else:
             batch_url = take_url
+        done, stream = _report_templates(environ)
     ping_ms = _env_int(environ, "RUNPOD_PING_INTERVAL", DEFAULT_PING_INTERVAL_MS)
     if ping_ms <= 0:
         raise ConfigurationError(
             f"RUNPOD_PING_INTERVAL is in milliseconds and must be > 0, got {ping_ms}"
         )
-
-    def template(name: str, fallback: str) -> str:
-        value = environ.get(name) or fallback
-        return value.replace("$RUNPOD_POD_ID", worker_id)
-
     ping = environ.get("RUNPOD_WEBHOOK_PING")
+    if ping and get_job:
+        _check_url("RUNPOD_WEBHOOK_PING", ping)
     return PlatformConfig(
         worker_id=worker_id,
         hostname=environ.get("RUNPOD_POD_HOSTNAME") or socket.gethostname(),
-        api_key=environ.get("RUNPOD_AI_API_KEY", ""),
+        api_key=api_key,
         take_url=take_url,
         batch_take_url=batch_url,
         stop_url=stop_url,
-        done_template=template("RUNPOD_WEBHOOK_POST_OUTPUT", "JOB_DONE_URL"),
-        stream_template=template("RUNPOD_WEBHOOK_POST_STREAM", "JOB_STREAM_URL"),
+        done_template=done.replace("$RUNPOD_POD_ID", worker_id),
+        stream_template=stream.replace("$RUNPOD_POD_ID", worker_id),
         ping_url=ping.replace("$RUNPOD_POD_ID", worker_id) if ping else None,
         ping_interval=ping_ms / 1000.0,
         endpoint_id=environ.get("RUNPOD_ENDPOINT_ID"),

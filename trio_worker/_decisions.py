@@ -56,6 +56,10 @@ def on_admit(
     return Admission.RUN
 
 
+# Held, never started: released at shutdown, failed with the init failure.
+_NOT_STARTED = (S.TAKEN, S.WAITING_FOR_INIT, S.WAITING_FOR_SLOT)
+
+
 class Outcome(enum.Enum):
     STOP = "stop"  # fire STOP, report nothing
     RELEASE = "release"  # fire RELEASE, report nothing
@@ -74,7 +78,7 @@ def on_cancelled(state: JobState, phase: WorkerPhase, *, grace_over: bool) -> Ou
         return Outcome.STOP
     if state is S.RUNNING:
         return Outcome.REPORT_SHUTDOWN if grace_over else Outcome.PROPAGATE
-    waiting = state in (S.TAKEN, S.WAITING_FOR_INIT)
+    waiting = state in _NOT_STARTED
     if phase is P.INIT_FAILED and (waiting or state in (S.MALFORMED, S.RELEASING)):
         return Outcome.REPORT_INIT_FAILURE
     if state is S.RELEASING or (waiting and phase is P.DRAINING):
@@ -83,8 +87,22 @@ def on_cancelled(state: JobState, phase: WorkerPhase, *, grace_over: bool) -> Ou
 
 
 def releases_at_shutdown(state: JobState, *, gate_open: bool) -> bool:
-    """Whether a shutdown releases a held job: only one not started, behind a closed gate."""
+    """Whether a shutdown releases a held job: only one not started, behind a closed gate
+    or waiting for a handler slot (a TAKEN job past an open gate runs within the grace)."""
+    if state is S.WAITING_FOR_SLOT:
+        return True
     return not gate_open and state in (S.TAKEN, S.WAITING_FOR_INIT)
+
+
+def on_stuck(state: JobState) -> Outcome:
+    """A job whose task has not unwound well after the shutdown grace cancelled it: its
+    handler swallowed the cancellation. Settled on its behalf, as the cancellation would
+    have settled it (docs/design.md §9)."""
+    if state is S.STOPPING:
+        return Outcome.STOP
+    if state is S.RUNNING:
+        return Outcome.REPORT_SHUTDOWN
+    return Outcome.PROPAGATE  # not stuck in a handler: left to its own task
 
 
 def on_delivered(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +28,14 @@ from ._decisions import (
     on_admit,
     on_cancelled,
     on_delivered,
+    on_stuck,
     releases_at_shutdown,
 )
 from ._handlers import is_cancellation
-from ._lifecycle import JobEvent, JobState
+from ._lifecycle import JobEvent, JobState, WorkerPhase
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
 
     from ._config import Timings
     from ._delivery import Delivery
@@ -55,6 +57,7 @@ class JobDriver:
         delivery: Delivery,
         timings: Timings,
         refresh: Callable[[], None] | None,
+        slots: trio.CapacityLimiter,
     ) -> None:
         self.ledger = ledger
         self.phases = phases
@@ -63,6 +66,7 @@ class JobDriver:
         self.delivery = delivery
         self.timings = timings
         self.refresh = refresh
+        self.slots = slots
         self.shutdown_deadline = math.inf
         self.init_failed_body: bytes | None = None
         self._scopes: dict[str, trio.CancelScope] = {}
@@ -153,8 +157,9 @@ class JobDriver:
         if job.state in (JobState.STOPPING, JobState.RELEASING):
             await trio.lowlevel.checkpoint()  # the job's scope is cancelled: this raises
 
-    async def _prepare(self, job: HeldJob) -> Report:
-        """Inside the job's scope: the report on a malformed job, or the handler's."""
+    async def _prepare(self, job: HeldJob) -> Report | None:
+        """Inside the job's scope: the report on a malformed job, or the handler's (None
+        when the job was settled on its behalf meanwhile)."""
         await self._unwind_if_requested(job)
         if job.state is JobState.MALFORMED:
             self.fire(job, JobEvent.FAIL)
@@ -164,16 +169,44 @@ class JobDriver:
             await self.gate.wait()
             # A stop or release in the same step as the gate opened: it wins.
             await self._unwind_if_requested(job)
-        self.fire(job, JobEvent.START)
-        try:
-            report = await self.runner.run(job)
-        except BaseException as exc:
-            if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
-                raise
-            # The shutdown grace ran out while the handler was still running.
-            report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+        async with self._slot(job):
+            self.fire(job, JobEvent.START)
+            try:
+                report = await self.runner.run(job)
+            except BaseException as exc:
+                if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
+                    raise
+                # The shutdown grace ran out while the handler was still running.
+                report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+        if job.abandoned:
+            return None  # settled on its behalf after the grace (see settle_stuck)
         self.fire(job, JobEvent.FINISH)
         return report
+
+    @asynccontextmanager
+    async def _slot(self, job: HeldJob) -> AsyncIterator[None]:
+        """One of the ``concurrency`` handler slots, for the handler's run only.
+
+        A take may deliver more jobs than asked for: every one is held (pinged, owed a
+        report), but no more than ``concurrency`` handlers run at once (docs/design.md §4 I7).
+        """
+        try:
+            self.slots.acquire_nowait()
+        except trio.WouldBlock:
+            self.fire(job, JobEvent.WAIT_FOR_SLOT)
+            if self.phases.phase is WorkerPhase.DRAINING:
+                # Delivered during a shutdown with no slot free: it would never start in time.
+                self.request(job, JobEvent.REQUEST_RELEASE)
+            await self._unwind_if_requested(job)
+            await self.slots.acquire()
+            if job.state is not JobState.WAITING_FOR_SLOT:
+                # A stop or release in the same step as the slot freed: it wins.
+                self.slots.release()
+                await self._unwind_if_requested(job)
+        try:
+            yield
+        finally:
+            self.slots.release()
 
     def _outcome(self, job: HeldJob) -> Outcome:
         grace_over = trio.current_time() >= self.shutdown_deadline
@@ -206,6 +239,33 @@ class JobDriver:
         self.fire(job, event)
         if drain and self.refresh is not None:
             self.refresh()
+
+    async def settle_stuck(self) -> list[str]:
+        """Settle the jobs whose handler swallowed the shutdown's cancellation: a running
+        one is reported ``worker_shutdown`` here, a stopped one is stopped (``on_stuck``).
+
+        Their tasks can never end, but the reports they owe go out (docs/design.md §9).
+        Returns the ids settled.
+        """
+        stuck = [job for job in self.ledger if on_stuck(job.state) is not Outcome.PROPAGATE]
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for job in stuck:
+                    log.error(
+                        "job %s: its handler ignored the cancellation at the end of the "
+                        "shutdown grace and is still running; settling it without it",
+                        job.id,
+                    )
+                    job.abandoned = True
+                    if on_stuck(job.state) is Outcome.STOP:
+                        self.fire(job, JobEvent.STOP)
+                        continue
+                    self.fire(job, JobEvent.FINISH)
+                    report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+                    nursery.start_soon(
+                        partial(self._report, job, report.body, is_stream=report.is_stream)
+                    )
+        return [job.id for job in stuck]
 
     async def fail_all(self, jobs: list[HeldJob]) -> None:
         """Fail *jobs* with the init failure, all at once (docs/design.md §6.4)."""

@@ -1,4 +1,4 @@
-"""Leaving the process: flush everything, then ``os._exit`` (docs/design.md §6.3).
+"""Leaving the process: flush everything, then ``os._exit`` (docs/design.md §6.3, §9).
 
 ``sys.exit`` joins every non-daemon thread, so a framework's leftover thread (a dataloader,
 an executor, an abandoned initializer) can keep a dead worker alive for ever. ``os._exit``
@@ -12,14 +12,26 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, NoReturn
 
+import trio
+
 from ._config import DEFAULT_EXIT_FLUSH_WATCHDOG
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import FrameType
+
     from ._capture import OutputCapture
+    from ._config import Timings
+
+log = logging.getLogger("trio_worker")
+
+# How long the watchdog waits for the event loop to say whether reports are in flight.
+_LOOP_ANSWER_BOUND = 1.0
 
 
 def _flush_c_stdio() -> None:
@@ -60,3 +72,108 @@ def exit_process(
         flush_all(capture)
     finally:
         os._exit(status)
+
+
+class ExitGuard:
+    """``start()``'s bound on leaving (docs/design.md §9): signals, and a watchdog.
+
+    It owns SIGTERM and SIGINT as plain Python handlers, which run in the main thread
+    even while the event loop is blocked (a handler calling ``time.sleep`` on it): the
+    first signal asks the worker to shut down and arms the watchdog; a second one exits at
+    once, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
+
+    The watchdog fires ``shutdown_grace + exit_watchdog`` after the shutdown began. If the
+    loop answers that reports are still being delivered (each under its own deadline), it
+    waits another ``exit_watchdog``; otherwise the process ends with status 1. The
+    supervisor calls :meth:`settled` once every report is out while a handler that ignored
+    its cancellation still runs: the process then ends at once with status 0.
+    """
+
+    def __init__(self, timings: Timings, capture: OutputCapture | None) -> None:
+        self._timings = timings
+        self._capture = capture
+        self._signals = 0
+        self._pending: str | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._shutdown: Callable[[str], None] | None = None
+        self._reporting: Callable[[], bool] | None = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def attach(
+        self,
+        token: trio.lowlevel.TrioToken,
+        shutdown: Callable[[str], None],
+        reporting: Callable[[], bool],
+    ) -> None:
+        """The running worker: called on the trio thread once it is built."""
+        self._token, self._shutdown, self._reporting = token, shutdown, reporting
+        if self._pending is not None:
+            shutdown(self._pending)
+
+    def arm(self, seconds: float) -> None:
+        with self._lock:
+            if self._timer is not None:
+                return
+            self._timer = threading.Timer(seconds, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def settled(self) -> None:
+        log.warning("every report is out; exiting without the handler(s) still running")
+        self.leave(0)
+
+    def leave(self, status: int) -> NoReturn:
+        exit_process(status, self._capture, watchdog_seconds=self._timings.exit_flush_watchdog)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals > 1:
+            log.warning("second signal (%s): exiting at once", name)
+            self.leave(128 + signum)
+        self.arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
+        reason = f"{name} received"
+        if self._token is None or self._shutdown is None:
+            self._pending = reason  # the worker is still being built
+            return
+        try:
+            # Signal-safe: it only queues the call for the loop.
+            self._token.run_sync_soon(self._shutdown, reason)
+        except trio.RunFinishedError:
+            pass  # the run is over: start() is already leaving
+
+    def _expire(self) -> None:
+        if self._reports_in_flight():
+            self._timer = threading.Timer(self._timings.exit_watchdog, self._expire)
+            self._timer.daemon = True
+            self._timer.start()
+            return
+        log.error(
+            "exit watchdog: still running %.1fs after the shutdown grace ended (a handler "
+            "ignoring cancellation, or a blocked event loop); exiting",
+            self._timings.exit_watchdog,
+        )
+        self.leave(1)
+
+    def _reports_in_flight(self) -> bool:
+        """Ask the loop; a loop that does not answer within a second is blocked: False."""
+        if self._token is None or self._reporting is None:
+            return False
+        answered = threading.Event()
+        answer: list[bool] = []
+        reporting = self._reporting
+
+        def ask() -> None:
+            answer.append(reporting())
+            answered.set()
+
+        try:
+            self._token.run_sync_soon(ask)
+        except trio.RunFinishedError:
+            return False
+        return answered.wait(_LOOP_ANSWER_BOUND) and answer[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import trio
+
 if TYPE_CHECKING:
     from ._options import Concurrency
 
@@ -13,11 +15,16 @@ log = logging.getLogger("trio_worker")
 
 class Capacity:
     """The concurrency in force: a fixed int, or a callable ``f(current) -> int`` asked
-    before every take (a bad answer or an exception keeps the current value)."""
+    before every take (a bad answer or an exception keeps the current value).
+
+    ``slots`` admits that many handlers at once, whatever a take delivered; its total
+    follows every evaluation (a shrink lets running handlers finish, then admits fewer).
+    """
 
     def __init__(self, concurrency: Concurrency) -> None:
         self._fn = concurrency if callable(concurrency) else None
         self.value = 1 if callable(concurrency) else concurrency
+        self.slots = trio.CapacityLimiter(self.value)
 
     def evaluate(self) -> int:
         if self._fn is None:
@@ -28,7 +35,7 @@ class Capacity:
             log.exception("concurrency callable raised; keeping %d", self.value)
             return self.value
         if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 1:
-            self.value = wanted
+            self.value = self.slots.total_tokens = wanted
         else:
             log.error("concurrency callable returned %r; keeping %d", wanted, self.value)
         return self.value

@@ -16,8 +16,11 @@ cancelling scopes, and no I/O happens here, so the property suite can check ever
   then settled (``STOPPED``, ``RELEASED``). A job that cannot be run as delivered is
   ``MALFORMED`` from admission and goes to ``REPORTING`` with the reason. ``fail`` is the
   path of a job whose report is owed without the handler ever running (an init failure, a
-  malformed job). ``UNDELIVERED`` means every retry of the terminal report failed: the job
-  leaves the ledger (the loss is logged loudly) so it can no longer block capacity.
+  malformed job). ``WAITING_FOR_SLOT`` is a job past the gate while ``concurrency`` handlers
+  already run: held (pinged, counted) but not started, so it is stopped, released or failed
+  like a job at the gate (docs/design.md §4 I7). ``UNDELIVERED`` means every retry of the
+  terminal report failed: the job leaves the ledger (the loss is logged loudly) so it can
+  no longer block capacity.
 * ``PHASE_TRANSITIONS`` moves the worker: ``INITIALIZING`` until the initializer returns,
   then ``READY`` or ``INIT_FAILED``; ``DRAINING`` once a shutdown starts. The gate is open
   once ``init_ok`` has fired, whatever the phase since: the initializer may return in the
@@ -44,6 +47,7 @@ class JobState(enum.Enum):
     TAKEN = "taken"
     MALFORMED = "malformed"
     WAITING_FOR_INIT = "waiting_for_init"
+    WAITING_FOR_SLOT = "waiting_for_slot"
     RUNNING = "running"
     STOPPING = "stopping"
     RELEASING = "releasing"
@@ -61,6 +65,7 @@ class JobState(enum.Enum):
 class JobEvent(enum.Enum):
     MARK_MALFORMED = "mark_malformed"
     WAIT_FOR_INIT = "wait_for_init"
+    WAIT_FOR_SLOT = "wait_for_slot"
     START = "start"
     FINISH = "finish"
     FAIL = "fail"
@@ -91,6 +96,14 @@ TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
     (S.WAITING_FOR_INIT, E.REQUEST_STOP): S.STOPPING,
     (S.WAITING_FOR_INIT, E.REQUEST_RELEASE): S.RELEASING,
     (S.WAITING_FOR_INIT, E.RELEASE): S.RELEASED,
+    # Past the gate, every handler slot taken: the job waits, held and pinged, not started.
+    (S.TAKEN, E.WAIT_FOR_SLOT): S.WAITING_FOR_SLOT,
+    (S.WAITING_FOR_INIT, E.WAIT_FOR_SLOT): S.WAITING_FOR_SLOT,
+    (S.WAITING_FOR_SLOT, E.START): S.RUNNING,
+    (S.WAITING_FOR_SLOT, E.FAIL): S.REPORTING,
+    (S.WAITING_FOR_SLOT, E.REQUEST_STOP): S.STOPPING,
+    (S.WAITING_FOR_SLOT, E.REQUEST_RELEASE): S.RELEASING,
+    (S.WAITING_FOR_SLOT, E.RELEASE): S.RELEASED,
     (S.RUNNING, E.FINISH): S.REPORTING,
     (S.RUNNING, E.REQUEST_STOP): S.STOPPING,
     (S.STOPPING, E.STOP): S.STOPPED,
@@ -151,6 +164,9 @@ class HeldJob:
     state: JobState = JobState.TAKEN
     history: list[JobState] = field(default_factory=list)
     reason: str = ""  # why a MALFORMED job cannot be run
+    # Settled on its behalf after its handler swallowed the shutdown's cancellation: if the
+    # handler ever returns, its task must not settle it again.
+    abandoned: bool = False
 
     def can(self, event: JobEvent) -> bool:
         return (self.state, event) in TRANSITIONS

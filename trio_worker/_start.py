@@ -32,7 +32,7 @@ from ._config import (
     read_test_input_file,
 )
 from ._exceptions import ConfigurationError, InitializationError
-from ._exit import exit_process
+from ._exit import ExitGuard, exit_process
 from ._options import worker_options
 
 if TYPE_CHECKING:
@@ -119,10 +119,14 @@ def start(
         if options.capture_logs == "on":
             capture = OutputCapture.install(redactor=settings.redactor)
             install_python_stream_attribution()
-        _worker.on_second_interrupt = functools.partial(leave, 130, capture)
+        guard = ExitGuard(options.timings, capture)
+        guard.install()
         log.info("worker starting: %s", _worker.describe_settings(settings))
-        seams = _worker.Seams(capture=capture)
-        run_for(options.async_backend, functools.partial(_worker.run_worker, options, seams=seams))
+        seams = _worker.Seams(capture=capture, exit_guard=guard)
+        run_for(
+            options.async_backend,
+            functools.partial(_worker.run_worker, options, seams=seams, handle_signals=False),
+        )
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         leave(1, capture)

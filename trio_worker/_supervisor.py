@@ -47,7 +47,7 @@ from ._exceptions import (
 )
 from ._initializer import Initializer, init_failure_report, run_initializer
 from ._intake import Capacity, StopMemory
-from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
+from ._lifecycle import JobState, Ledger, PhaseEvent, Phases, WorkerPhase
 from ._platform._client import backoff_delay
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
     from ._capture import OutputCapture
     from ._config import Settings
+    from ._exit import ExitGuard
     from ._handlers import ThreadWaits
     from ._lifecycle import HeldJob, TransitionHook
     from ._options import Concurrency
@@ -64,6 +65,9 @@ if TYPE_CHECKING:
 __all__ = ["Supervisor"]
 
 log = logging.getLogger("trio_worker")
+
+# After the grace, a handler still running this long after its cancellation swallowed it.
+UNWIND_BOUND = 1.0
 
 
 def _drain(receive: trio.MemoryReceiveChannel[HeldJob]) -> list[HeldJob]:
@@ -92,6 +96,7 @@ class Supervisor:
         capture: OutputCapture | None,
         refresh_worker: bool = False,
         observers: Iterable[TransitionHook] = (),
+        exit_hooks: ExitGuard | None = None,
     ) -> None:
         self.settings = settings
         self.timings = timings = settings.timings
@@ -102,13 +107,14 @@ class Supervisor:
         self.init_timeout = init_timeout
         self.capture = capture
         self.refresh_worker = refresh_worker
+        self.exit_hooks = exit_hooks
         self.ledger = Ledger(on_change=self._wake_take)
         self.phases = Phases()
         for observer in observers:
             self.ledger.observers.append(observer)
             if (phase_changed := getattr(observer, "phase_changed", None)) is not None:
                 self.phases.observers.append(phase_changed)
-        self.capacity = Capacity(concurrency)
+        self.capacity = capacity = Capacity(concurrency)
         self.stop_memory = StopMemory(timings.stop_memory, timings.stop_memory_size)
         self.delivery = Delivery(settings, client)
         self.gate = trio.Event()  # wakes the jobs at the gate; the truth is self.phases
@@ -122,6 +128,7 @@ class Supervisor:
             refresh=partial(self.request_shutdown, "refresh_worker: first job done")
             if refresh_worker
             else None,
+            slots=capacity.slots,
         )
         self.failure: InitFailure | None = None
         self._claim_deadline = math.inf
@@ -167,6 +174,8 @@ class Supervisor:
             return
         log.info("shutting down (%s); %d job(s) held", reason, len(self.ledger))
         self._enter(PhaseEvent.DRAIN)
+        if self.exit_hooks is not None:
+            self.exit_hooks.arm(self.timings.shutdown_grace + self.timings.exit_watchdog)
         now = trio.current_time()
         self.driver.begin_shutdown(now + self.timings.shutdown_grace)
         self._shorten_take(now + min(self.timings.take_drain, self.timings.shutdown_grace))
@@ -175,6 +184,10 @@ class Supervisor:
         self._init_scope.cancel()
         if self._nursery is not None:
             self._nursery.start_soon(self._expire_grace)
+
+    def reporting(self) -> bool:
+        """Whether a terminal report is being delivered (each bounded by its own deadline)."""
+        return any(job.state is JobState.REPORTING for job in self.ledger)
 
     def statistics(self) -> dict[str, object]:
         return {
@@ -342,10 +355,23 @@ class Supervisor:
             log.error("could not claim a request to report the init failure: %s", exc)
 
     async def _expire_grace(self) -> None:
+        # Cancelled once every job task has ended: what follows is for those that cannot.
         with self._grace_scope:
             await trio.sleep_until(self.driver.shutdown_deadline)
             # Threads that ignore check_cancelled() no longer hold the exit up.
             self.waits.cancel_all()
+            await trio.sleep(min(UNWIND_BOUND, self.timings.exit_watchdog / 2))
+            stuck = await self.driver.settle_stuck()
+            if not stuck:
+                return  # every task is unwinding: the run ends on its own
+            while len(self.ledger):
+                # Reports still in flight (each under its own deadline): the ledger wakes us.
+                self._slot_event = trio.Event()
+                await self._slot_event.wait()
+            if self.exit_hooks is not None:
+                self.exit_hooks.settled()
+            else:
+                log.error("serve() cannot return before the handler(s) of %s return", stuck)
 
     # -- stop ---------------------------------------------------------------------------
 

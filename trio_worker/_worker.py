@@ -30,10 +30,11 @@ from ._runner import JobRunner, JobSpec, PlatformChunks, ProgressTarget, current
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
     import httpx
 
+    from ._exit import ExitGuard
     from ._initializer import Initializer
     from ._lifecycle import TransitionHook
     from ._platform._http import BackendWrapper, StreamOpener
@@ -41,10 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_worker")
 
 HeartbeatMode = Literal["thread", "task", "off"]
-
-# Set by start(): what a second SIGINT does (exit the process at once). serve() alone
-# raises KeyboardInterrupt instead.
-on_second_interrupt: Callable[[], None] | None = None
 
 
 class WorkerHandle:
@@ -88,6 +85,7 @@ class Seams:
     heartbeat: HeartbeatMode = "thread"  # "task" runs on trio's clock; "off" sends none
     observers: Iterable[TransitionHook] = ()  # called after every job state transition
     capture: OutputCapture | None = None  # an installed capture, instead of our own
+    exit_guard: ExitGuard | None = None  # start()'s signals and exit watchdog
 
 
 async def serve(
@@ -188,7 +186,10 @@ async def _serve(
         open_stream=seams.open_stream,
         wrap_backend=seams.wrap_backend,
     )
-    supervisor = _build(options, settings, client, capture, seams.observers)
+    supervisor = _build(options, settings, client, capture, seams)
+    if seams.exit_guard is not None:
+        token = trio.lowlevel.current_trio_token()
+        seams.exit_guard.attach(token, supervisor.request_shutdown, supervisor.reporting)
     pinger = _start_heartbeat_thread(settings, supervisor) if seams.heartbeat == "thread" else None
     task_status.started(WorkerHandle(supervisor))
     failure: BaseException | None = None
@@ -227,7 +228,7 @@ def _build(
     settings: Settings,
     client: PlatformClient,
     capture: OutputCapture | None,
-    observers: Iterable[TransitionHook],
+    seams: Seams,
 ) -> Supervisor:
     waits = ThreadWaits()
     supervisor: Supervisor | None = None
@@ -261,7 +262,8 @@ def _build(
         concurrency=options.concurrency,
         capture=capture,
         refresh_worker=options.refresh_worker,
-        observers=observers,
+        observers=seams.observers,
+        exit_hooks=seams.exit_guard,
     )
     return supervisor
 
@@ -317,8 +319,6 @@ async def _watch_signals(supervisor: Supervisor) -> None:
             name = signal.Signals(signum).name
             if supervisor.shutting_down and signum == signal.SIGINT:
                 log.warning("second SIGINT: exiting at once")
-                if on_second_interrupt is not None:
-                    on_second_interrupt()
                 raise KeyboardInterrupt
             supervisor.request_shutdown(f"{name} received")
 

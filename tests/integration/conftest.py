@@ -38,6 +38,7 @@ class WorkerProcess:
     process: trio.Process
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
+    pumped: list[trio.Event] = field(default_factory=list)
 
     @property
     def output(self) -> str:
@@ -48,12 +49,20 @@ class WorkerProcess:
 
     async def wait(self, timeout: float = 30.0) -> int:
         with trio.fail_after(timeout):
-            return await self.process.wait()
+            status = await self.process.wait()
+        # The process is gone, but its last lines may still sit in the pipes.
+        with trio.move_on_after(5.0):
+            for done in self.pumped:
+                await done.wait()
+        return status
 
 
-async def _pump(stream: trio.abc.ReceiveStream, into: bytearray) -> None:
-    async for chunk in stream:
-        into.extend(chunk)
+async def _pump(stream: trio.abc.ReceiveStream, into: bytearray, done: trio.Event) -> None:
+    try:
+        async for chunk in stream:
+            into.extend(chunk)
+    finally:
+        done.set()
 
 
 @pytest.fixture
@@ -82,8 +91,9 @@ async def spawn(nursery: trio.Nursery) -> AsyncIterator[Spawn]:
         )
         worker = WorkerProcess(process)
         assert process.stdout is not None and process.stderr is not None
-        nursery.start_soon(_pump, process.stdout, worker.stdout)
-        nursery.start_soon(_pump, process.stderr, worker.stderr)
+        worker.pumped = [trio.Event(), trio.Event()]
+        nursery.start_soon(_pump, process.stdout, worker.stdout, worker.pumped[0])
+        nursery.start_soon(_pump, process.stderr, worker.stderr, worker.pumped[1])
         started.append(worker)
         return worker
 

@@ -159,6 +159,17 @@ async def slow_async(job: dict[str, Any]) -> Any:
     return {"slept": True}
 
 
+async def swallows_cancel(job: dict[str, Any]) -> Any:
+    # Catches the cancellation and keeps awaiting, shielded: it never returns.
+    try:
+        await trio.sleep(3600)
+    except trio.Cancelled:
+        print("handler swallowed the cancellation", flush=True)
+        with trio.CancelScope(shield=True):
+            await trio.sleep(3600)
+    return {"never": True}
+
+
 def slow_sync(job: dict[str, Any]) -> Any:
     deadline = time.monotonic() + float(job["input"].get("seconds", 60))
     while time.monotonic() < deadline:
@@ -198,6 +209,7 @@ HANDLERS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "huge": huge,
     "slow_async": slow_async,
     "slow_sync": slow_sync,
+    "swallows_cancel": swallows_cancel,
     "blocks_loop": blocks_loop,
     "progress": progress,
     "async_uses_asyncio": async_uses_asyncio,
@@ -211,6 +223,7 @@ def main() -> None:
         claim_grace=_env_float("TW_CLAIM_GRACE") or 10.0,
         report_deadline=_env_float("TW_REPORT_DEADLINE") or 10.0,
         shutdown_grace=_env_float("TW_SHUTDOWN_GRACE") or 20.0,
+        exit_watchdog=_env_float("TW_EXIT_WATCHDOG") or 5.0,
     )
     trio_worker.start(
         handler,

@@ -106,7 +106,7 @@ SETTLE_LIMIT = 30.0
 S = JobState
 E = JobEvent
 # Not started: a stop reaching the job now must end it STOPPED.
-WAITING = (S.TAKEN, S.WAITING_FOR_INIT, S.RELEASING, S.MALFORMED)
+WAITING = (S.TAKEN, S.WAITING_FOR_INIT, S.WAITING_FOR_SLOT, S.RELEASING, S.MALFORMED)
 
 # -- what is recorded --------------------------------------------------------------------
 
@@ -1588,7 +1588,8 @@ def check_results(run: Run) -> list[str]:
 
 def check_shutdown(run: Run) -> list[str]:
     """§9: after SIGTERM serve() returns within shutdown_grace + report_deadline; only jobs
-    never started are released, and only after a shutdown request with the gate closed."""
+    never started are released, and only after a shutdown request with the gate closed (or
+    while waiting for a handler slot)."""
     rec = run.rec
     scn = run.scenario
     out = []
@@ -1602,7 +1603,9 @@ def check_shutdown(run: Run) -> list[str]:
         release = job.transitions[-1]
         if rec.sigterm is None or release.seq < rec.sigterm[0]:
             out.append(f"§9 {job.id}: released without a shutdown request")
-        if rec.init_end is not None and rec.init_end[0] < release.seq:
+        # A job waiting for a handler slot (§4 I7) is released like one at the gate.
+        waited = any(t.after is S.WAITING_FOR_SLOT for t in job.transitions)
+        if rec.init_end is not None and rec.init_end[0] < release.seq and not waited:
             out.append(f"§9 {job.id}: released although the gate opened at {rec.init_end[1]:g}")
         if job.id in rec.handlers:
             out.append(f"§9 {job.id}: released after its handler started")

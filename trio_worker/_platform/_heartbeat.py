@@ -122,10 +122,14 @@ class HeartbeatThread:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop pinging; returns at once even with a ping hung in flight."""
         self._stopping.set()
+        # A hung ping must not delay the exit: the thread is a daemon, it ends with the
+        # process. Its client is closed only when no ping is in flight on it.
         if self._thread.ident is not None:  # started
-            self._thread.join(timeout=2 * self._interval + 1.0)
-        self._client.close()
+            self._thread.join(timeout=0.1)
+        if not self._thread.is_alive():
+            self._client.close()
 
     def ping_now(self) -> None:
         # Whatever one ping raises (httpx, a bad URL, a bug), the next one is still due:

@@ -1,0 +1,238 @@
+"""Concurrency is enforced whatever a take delivers (docs/design.md §4 I7).
+
+A platform may answer a take with more jobs than asked for. Every one of them is held
+(pinged, owed a report, never lost), but no more than ``concurrency`` handlers run at once:
+the rest wait for a slot (``WAITING_FOR_SLOT``), and a stop or a shutdown reaches them
+there as it reaches a job at the gate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import trio
+import trio.testing
+
+import trio_worker
+import trio_worker.testing
+from trio_worker._lifecycle import JobEvent, JobState
+from trio_worker.testing import FakePlatform
+from trio_worker.testing._memory import memory_network
+
+from .test_supervisor import Harness
+
+
+class Peak:
+    """Handlers running at once, and threads alive, at their highest."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.peak = 0
+        self.threads = 0
+        self.calls = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.calls += 1
+            self.peak = max(self.peak, self.running)
+            self.threads = max(self.threads, threading.active_count())
+
+    def leave(self) -> None:
+        with self.lock:
+            self.running -= 1
+
+
+def burst(count: int, prefix: str = "j") -> list[dict[str, Any]]:
+    return [{"id": f"{prefix}{n}", "input": {"n": n}} for n in range(count)]
+
+
+def completed(platform: FakePlatform, ids: list[str]) -> bool:
+    try:
+        return all(platform.job(job_id).status == "COMPLETED" for job_id in ids)
+    except KeyError:  # a raw take answer's jobs exist once it is handed out
+        return False
+
+
+async def test_take_answered_with_200_jobs_at_concurrency_1_runs_one_sync_handler_at_a_time(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    peak = Peak()
+    baseline = threading.active_count()
+
+    def handler(job: dict[str, Any]) -> Any:
+        peak.enter()
+        try:
+            return job["input"]
+        finally:
+            peak.leave()
+
+    await harness.start(nursery, handler, concurrency=1)
+    jobs = burst(200)
+    harness.platform.enqueue_raw(jobs)
+    ids = [job["id"] for job in jobs]
+    await harness.wait_until(lambda: completed(harness.platform, ids))
+    assert peak.calls == 200
+    assert peak.peak == 1
+    # One worker thread (trio's cache may keep one more idle), never one per job.
+    assert peak.threads <= baseline + 2
+    for job_id in ids:
+        record = harness.platform.job(job_id)
+        assert len(record.done_reports) == 1, (job_id, record.done_reports)
+
+
+async def test_waiting_jobs_are_held_and_pinged_then_run_in_turn(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    running: list[str] = []
+    peak = 0
+
+    async def handler(job: dict[str, Any]) -> Any:
+        nonlocal peak
+        running.append(job["id"])
+        peak = max(peak, len(running))
+        await trio.sleep(3.0)
+        running.remove(job["id"])
+        return job["input"]
+
+    states: list[tuple[str, JobState, JobEvent]] = []
+    handle = await harness.start(
+        nursery,
+        handler,
+        concurrency=2,
+        observers=[lambda job, before, event: states.append((job.id, before, event))],
+    )
+    jobs = burst(10)
+    ids = [job["id"] for job in jobs]
+    harness.platform.enqueue_raw(jobs)
+    await harness.wait_until(lambda: len(handle.held_ids) == 10)
+    pings_before = len(harness.platform.pings)
+    await harness.platform.wait_for_requests("ping", pings_before + 1)
+    assert set(harness.platform.pings[-1].job_ids) == set(ids)
+    await harness.wait_until(lambda: completed(harness.platform, ids))
+    assert peak == 2
+    waited = {job_id for job_id, _, event in states if event is JobEvent.WAIT_FOR_SLOT}
+    assert len(waited) == 8
+
+
+async def test_stop_for_a_job_waiting_for_a_slot_stops_it_unstarted(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    started: list[str] = []
+
+    async def handler(job: dict[str, Any]) -> Any:
+        started.append(job["id"])
+        await trio.sleep(10.0)
+        return "ok"
+
+    handle = await harness.start(nursery, handler, concurrency=1)
+    harness.platform.enqueue_raw(burst(3))
+    await harness.wait_until(lambda: started == ["j0"] and len(handle.held_ids) == 3)
+    handle.stop_job("j1")
+    await harness.wait_until(lambda: "j1" not in handle.held_ids)
+    await harness.wait_until(lambda: completed(harness.platform, ["j0", "j2"]))
+    assert started == ["j0", "j2"]
+    assert harness.platform.job("j1").done_reports == []
+
+
+async def test_shutdown_releases_jobs_waiting_for_a_slot_and_finishes_the_running_one(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    started: list[str] = []
+
+    async def handler(job: dict[str, Any]) -> Any:
+        started.append(job["id"])
+        await trio.sleep(1.0)
+        return "ok"
+
+    handle = await harness.start(nursery, handler, concurrency=1)
+    harness.platform.enqueue_raw(burst(5))
+    await harness.wait_until(lambda: started == ["j0"] and len(handle.held_ids) == 5)
+    handle.shutdown()
+    await harness.finished.wait()
+    assert started == ["j0"]
+    assert harness.platform.job("j0").status == "COMPLETED"
+    for n in range(1, 5):
+        assert harness.platform.job(f"j{n}").done_reports == []
+
+
+async def test_a_growing_concurrency_admits_more_waiting_jobs(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    running = 0
+    peak = 0
+    wanted = [1]
+
+    async def handler(job: dict[str, Any]) -> Any:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(1.0)
+        running -= 1
+        return "ok"
+
+    handle = await harness.start(nursery, handler, concurrency=lambda current: wanted[0])
+    jobs = burst(6)
+    harness.platform.enqueue_raw(jobs)
+    await harness.wait_until(lambda: len(handle.held_ids) == 6)
+    await trio.sleep(0.5)
+    assert running == 1
+    wanted[0] = 3
+    # The next evaluation (before a take) raises the slots; held >= 3 keeps the take idle,
+    # so a job finishing (a slot event) is what lets the take task evaluate again.
+    await harness.wait_until(lambda: completed(harness.platform, [j["id"] for j in jobs]))
+    assert peak == 3
+
+
+async def test_10000_jobs_at_concurrency_4_over_the_lean_client_never_exceed_4_threads(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    peak = Peak()
+    baseline = threading.active_count()
+
+    def handler(job: dict[str, Any]) -> Any:
+        peak.enter()
+        try:
+            time.sleep(0.0005)  # long enough for handlers to overlap if let in together
+            return None
+        finally:
+            peak.leave()
+
+    jobs = burst(10_000)
+    platform.enqueue_raw(jobs)
+    finished = trio.Event()
+    async with memory_network(platform) as opener:
+
+        async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
+            try:
+                await trio_worker.testing.serve(
+                    handler,
+                    concurrency=4,
+                    environ=platform.worker_env("http://platform", ping_interval_ms=1000),
+                    open_stream=opener,
+                    heartbeat="task",
+                    handle_signals=False,
+                    capture_logs="off",
+                    task_status=task_status,
+                )
+            finally:
+                finished.set()
+
+        handle: trio_worker.WorkerHandle = await nursery.start(run)
+        with trio.fail_after(100_000):
+            await platform.wait_for_requests("done", 10_000)
+        handle.shutdown()
+        await finished.wait()
+    assert peak.calls == 10_000
+    assert peak.peak <= 4
+    assert peak.threads <= baseline + 4 + 2
+    assert all(len(platform.job(j["id"]).done_reports) == 1 for j in jobs)
