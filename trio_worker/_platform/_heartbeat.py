@@ -26,6 +26,7 @@ import trio
 
 from .._config import with_query
 from .._version import __version__
+from ._quiet import own_request
 
 if TYPE_CHECKING:
     from ._http import HttpBackend
@@ -72,11 +73,13 @@ class HeartbeatThread:
     def start(self) -> None:
         self._thread.start()
 
+    @own_request  # closing the client logs too
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=2 * self._interval + 1.0)
         self._client.close()
 
+    @own_request
     def ping_now(self) -> None:
         # Whatever one ping raises (httpx, a bad URL, a bug), the next one is still due:
         # a silent heartbeat gets the worker's jobs handed to another worker.

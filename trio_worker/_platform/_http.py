@@ -32,6 +32,7 @@ import trio
 
 from .._config import DEFAULT_CONNECT_TIMEOUT
 from .._exceptions import TransportError
+from ._quiet import own_request_async
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -71,6 +72,7 @@ class HttpxHttp:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
+    @own_request_async
     async def request(self, method: str, url: str, body: bytes = b"") -> HttpResponse:
         try:
             async with self._client.stream(method, url, content=body or None) as response:
