@@ -127,3 +127,13 @@ def test_a_drifted_default_is_caught() -> None:
     assert mismatches({"report_attempts": "6.0"}, {"report_attempts": 6}) != []
     assert mismatches({}, {"connect_timeout": 10.0}) != []
     assert mismatches({"handler": "required"}, {"handler": inspect.Parameter.empty}) == []
+
+
+def test_start_docstring_describes_every_argument_with_its_type() -> None:
+    # help(trio_worker.start) shows string annotations (postponed evaluation); the
+    # docstring's Args give each argument's type and meaning in plain words.
+    doc = inspect.getdoc(trio_worker.start) or ""
+    for section_name in ("Args:", "Returns:", "Raises:", "Examples:"):
+        assert section_name in doc
+    for name in inspect.signature(trio_worker.start).parameters:
+        assert re.search(rf"^    {name} \([^)]+\): \S", doc, re.M), name
