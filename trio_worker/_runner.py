@@ -18,6 +18,7 @@ import trio
 
 from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
+from ._compat import clear_reference_debugger
 from ._errors import (
     WorkerIdentity,
     clip,
@@ -158,6 +159,7 @@ class JobRunner:
             return await self._run(job, mark)
         finally:
             current_progress.reset(reset)
+            clear_reference_debugger()  # as the reference's loop does after each job
 
     async def _run(self, job: HeldJob, mark: int) -> Report:
         with job_output(job.id) as output:

@@ -82,11 +82,74 @@ def start(
     timings: Timings | None = None,
     argv: Sequence[str] | None = None,
 ) -> NoReturn:
-    """Run this process as a worker; never returns (see the module docstring for statuses).
+    """Run this process as a Runpod Serverless worker; never returns.
 
-    *handler* may also be the reference's one dict,
-    ``{"handler": h, "concurrency_modifier": f, ...}``; that form runs async handlers on
-    asyncio unless *async_backend* says otherwise, the keyword form on trio.
+    The drop-in for ``runpod.serverless.start``. The mode comes from the command line and
+    the environment, as in the reference: ``--rp_serve_api`` serves the endpoint API on
+    localhost; ``--test_input JSON`` (or no ``RUNPOD_WEBHOOK_GET_JOB``, then
+    ``test_input.json`` in the current directory) runs the handler once; otherwise the
+    queue worker takes jobs until SIGTERM/SIGINT. Full reference: docs/reference.md.
+
+    Args:
+        handler (callable or Mapping): called with each job dict (``{"id", "input", ...}``).
+            A sync function (runs in a thread), an async function, a sync or async
+            generator (streams its chunks), or a function returning one of those. May
+            instead be the reference's one dict, ``{"handler": h, "concurrency_modifier":
+            f, "return_aggregate_stream": b, "refresh_worker": b}``: its values win over
+            the keywords, and it runs async handlers on asyncio unless *async_backend*
+            says otherwise.
+        initializer (callable or None): called once with no arguments before any handler
+            runs (a sync one in a thread of its own, an async one on the loop); load the
+            model here. If it raises or outlasts *init_timeout*, every request this worker
+            holds is failed with ``"event": "init_failed"`` and the process exits 1.
+        init_timeout (float or None): seconds the initializer may take; ``None``: no bound
+            from the SDK. Negative, NaN or a bool: ``ConfigurationError``.
+        concurrency (int or callable): jobs held at once, an ``int >= 1``, or
+            ``f(current) -> int`` asked before every take (default 1).
+        return_aggregate_stream (bool): for a streaming handler, the final result is the
+            list of every chunk instead of ``[]``.
+        refresh_worker (bool): shut down after the first job's result is delivered; every
+            result carries ``"stopPod": true``.
+        async_backend ("trio", "asyncio" or None): where async handlers run. ``None``:
+            ``"trio"`` for the keyword form, ``"asyncio"`` for the one-dict form.
+        capture_logs ("on" or "off"): capture fds 1 and 2 so error reports carry the
+            output tail (secrets redacted).
+        timings (Timings or None): the worker's internal timeouts; ``None``: ``Timings()``.
+        argv (sequence of str or None): the flags to parse instead of ``sys.argv[1:]``.
+
+    Returns:
+        Never. The process ends through ``os._exit`` after flushing logs and streams, so
+        a thread left behind cannot keep it alive.
+
+    Raises:
+        Nothing: every outcome is an exit status. 0: the queue worker shut down (signal,
+            ``refresh_worker``), or a local run succeeded. 1: init failure (after every
+            held job was failed), a failed local run, a ``ConfigurationError`` (logged as
+            one ``configuration error:`` line), or a crash (logged with its traceback).
+            130: a second SIGINT during a shutdown. docs/reference.md lists every status.
+
+    Examples:
+        A worker file, run as ``python handler.py`` in the container::
+
+            import trio_worker
+
+            MODEL = None
+
+            def load_model():
+                global MODEL
+                MODEL = ...  # slow, once per worker
+
+            def handler(job):
+                return {"text": MODEL.generate(job["input"]["prompt"])}
+
+            trio_worker.start(handler, initializer=load_model, init_timeout=600)
+
+        The reference's form, unchanged::
+
+            trio_worker.start({"handler": handler, "concurrency_modifier": lambda n: 4})
+
+        Locally: ``python handler.py --test_input '{"input": {"prompt": "hi"}}'``, or
+        ``python handler.py --rp_serve_api --rp_api_port 8000`` for the endpoint API.
     """
     capture: OutputCapture | None = None
     leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process

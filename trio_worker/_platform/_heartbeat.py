@@ -28,6 +28,7 @@ from .._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES, with_query
 from .._exceptions import TransportError
 from .._version import __version__
 from ._lean import check_headers
+from ._quiet import own_request
 from ._tls import trust_context
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ class HeartbeatThread:
     def start(self) -> None:
         self._thread.start()
 
+    @own_request  # closing the client logs too
     def stop(self) -> None:
         """Stop pinging; returns at once even with a ping hung in flight."""
         self._stopping.set()
@@ -131,6 +133,7 @@ class HeartbeatThread:
         if not self._thread.is_alive():
             self._client.close()
 
+    @own_request
     def ping_now(self) -> None:
         # Whatever one ping raises (httpx, a bad URL, a bug), the next one is still due:
         # a silent heartbeat gets the worker's jobs handed to another worker.

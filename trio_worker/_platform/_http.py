@@ -42,6 +42,7 @@ from ._lean import (
     check_headers,
     check_size,
 )
+from ._quiet import own_request_async
 from ._tls import trust_context
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class HttpxHttp:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
+    @own_request_async
     async def request(
         self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
     ) -> HttpResponse:

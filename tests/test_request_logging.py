@@ -1,0 +1,111 @@
+"""The SDK's own HTTP requests never flood the application's log (docs/migration.md).
+
+``import runpod`` calls ``logging.basicConfig(level=INFO)``; httpx then logs an ``HTTP
+Request:`` line for every request on a logger inheriting that level. The worker's requests
+(heartbeat pings, the httpx backend's takes and reports) are kept out of it, at any root
+level, while the user's own httpx requests and an explicit httpx level are respected.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from trio_worker._platform._heartbeat import HeartbeatThread
+from trio_worker._platform._http import HttpxHttp
+from trio_worker.testing import FakePlatform, ServerThread, run_server_in_thread
+
+PINGS = 10
+
+
+class Platform:
+    """The fake platform on a loopback server thread, and its ping URL."""
+
+    def __init__(self, server: ServerThread, platform: FakePlatform) -> None:
+        self.server = server
+        self.platform = platform
+        env = platform.worker_env(server.url)
+        self.url = env["RUNPOD_WEBHOOK_PING"].replace("$RUNPOD_POD_ID", "w1")
+
+    def pings(self) -> int:
+        return self.server.run_sync(lambda: self.platform.statistics().pings)
+
+
+@pytest.fixture
+def platform() -> Iterator[Platform]:
+    fake = FakePlatform()
+    with run_server_in_thread(fake) as server:
+        yield Platform(server, fake)
+
+
+@pytest.fixture
+def httpx_level() -> Iterator[None]:
+    """Restores the httpx logger's own level after a test that sets it."""
+    logger = logging.getLogger("httpx")
+    before = logger.level
+    yield
+    logger.setLevel(before)
+
+
+def _request_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))]
+
+
+def _ping(platform: Platform, times: int) -> None:
+    """*times* pings: the thread's first one, then the rest from here."""
+    thread = HeartbeatThread(platform.url, "key", interval=60.0, held=lambda: ("job-1",))
+    thread.start()
+    try:
+        for _ in range(times - 1):
+            thread.ping_now()
+    finally:
+        thread.stop()  # joins the thread, so its ping has been answered
+    assert platform.pings() == times
+
+
+@pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO])
+def test_ten_pings_log_no_request_line_at_any_root_level(
+    platform: Platform, caplog: pytest.LogCaptureFixture, level: int
+) -> None:
+    caplog.set_level(level)  # the root logger, as logging.basicConfig(level=...) sets it
+    _ping(platform, PINGS)
+    assert _request_lines(caplog) == []
+
+
+def test_the_users_own_httpx_requests_still_log(
+    platform: Platform, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The control: the capture does see httpx's line, so the test above can fail.
+    caplog.set_level(logging.INFO)
+    _ping(platform, 2)
+    with httpx.Client() as client:
+        client.get(platform.url)
+    assert len([line for line in _request_lines(caplog) if "HTTP Request" in line]) == 1
+
+
+def test_an_explicit_httpx_level_lets_the_pings_through(
+    platform: Platform, caplog: pytest.LogCaptureFixture, httpx_level: None
+) -> None:
+    caplog.set_level(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.INFO)  # the user asked for them
+    _ping(platform, 3)
+    assert len([line for line in _request_lines(caplog) if "HTTP Request" in line]) == 3
+
+
+async def test_the_httpx_backends_requests_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    transport = httpx.MockTransport(lambda request: httpx.Response(204))
+    backend = HttpxHttp(httpx.AsyncClient(transport=transport))
+    try:
+        for _ in range(PINGS):
+            assert (await backend.request("GET", "http://platform.test/ping")).status == 204
+    finally:
+        await backend.aclose()
+    assert _request_lines(caplog) == []
+    # Leaving the SDK's request, the user's requests in the same task log again.
+    async with httpx.AsyncClient(transport=transport) as client:
+        await client.get("http://platform.test/mine")
+    assert len(_request_lines(caplog)) == 1
