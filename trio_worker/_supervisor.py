@@ -124,6 +124,10 @@ class Supervisor:
             else None,
         )
         self.failure: InitFailure | None = None
+        # What a handler raised to end the process (SystemExit, KeyboardInterrupt): the
+        # first one wins; serve() raises it once the shutdown it started is over.
+        self.exit_request: SystemExit | KeyboardInterrupt | None = None
+        self.driver.on_exit = self.request_exit
         self._claim_deadline = math.inf
         self._slot_event = trio.Event()
         self._take_scope: trio.CancelScope | None = None
@@ -175,6 +179,12 @@ class Supervisor:
         self._init_scope.cancel()
         if self._nursery is not None:
             self._nursery.start_soon(self._expire_grace)
+
+    def request_exit(self, exc: SystemExit | KeyboardInterrupt) -> None:
+        """A handler asked the process to exit: shut down, then ``serve()`` raises *exc*."""
+        if self.exit_request is None:
+            self.exit_request = exc
+        self.request_shutdown(f"a handler raised {exc!r}")
 
     def statistics(self) -> dict[str, object]:
         return {
