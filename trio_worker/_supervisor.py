@@ -346,10 +346,19 @@ class Supervisor:
             return
         if self.settings.platform.take_url is None:
             return
+        wait = self._claim_deadline - trio.current_time()
+        log.warning(
+            "initializer failed with no job held: waiting up to %.3g s to claim a request to fail",
+            wait,
+        )
         try:
             await self._take_once(1)
         except (PlatformError, TransportError) as exc:
             log.error("could not claim a request to report the init failure: %s", exc)
+            return
+        claimed = self.ledger.ever_held
+        done = f"claimed {claimed} and failed it with the init failure" if claimed else "none"
+        log.warning("claim wait over: %s", done)
 
     async def _expire_grace(self) -> None:
         with self._grace_scope:
