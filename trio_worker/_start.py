@@ -117,13 +117,15 @@ def start(
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
         )
-        if args.serve_api:
-            leave(_serve_api(options, args), None)
-        if args.test_input is not None or not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
-            leave(_run_local(options, args), None)
+        # Read (and checked) before the mode is picked: what would crash-loop once deployed
+        # fails the local run the same way.
         settings = Settings.from_environ(
             os.environ, timings=options.timings, capture_logs=options.capture_logs
         )
+        if args.serve_api:
+            leave(_serve_api(options, args), None)
+        if args.test_input is not None or not settings.platform.queue_mode:
+            leave(_run_local(options, args), None)
         if options.capture_logs == "on":
             capture = OutputCapture.install(redactor=settings.redactor)
             install_python_stream_attribution()
