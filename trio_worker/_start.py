@@ -159,7 +159,7 @@ def _exit_status_for(exc: BaseException) -> int:
     if isinstance(leaf, SystemExit | KeyboardInterrupt):
         # A handler raised it; its job has been reported failed (docs/design.md §9).
         status = exit_status(leaf)
-        log.warning("exiting with status %d: a handler raised %s", status, type(leaf).__name__)
+        log.warning("exiting with status %d (%s)", status, type(leaf).__name__)
         return status
     log.error("worker crashed", exc_info=exc)
     return 1
