@@ -70,8 +70,11 @@ def test_no_test_input_and_no_platform_fails_with_a_clear_message(tmp_path: Path
 
 def test_bad_test_input_json_fails_naming_the_flag() -> None:
     done = run(ECHO, "--test_input", "{not json")
-    assert done.returncode == 1
-    assert "--test_input" in done.stderr
+    assert done.returncode == 2
+    assert done.stderr == (
+        "echo_worker.py: error: --test_input must be JSON: Expecting property name enclosed"
+        " in double quotes: line 1 column 2 (char 1)\n"
+    )
 
 
 def test_generator_is_iterated_and_chunks_printed() -> None:

@@ -163,6 +163,32 @@ async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
+class _Escaped(Exception):
+    """Carries a SystemExit/KeyboardInterrupt out of an asyncio task as a plain error.
+
+    asyncio re-raises those two out of the loop itself, which would end the host loop (and
+    the worker) at once, before the job is reported; the trio side unwraps it instead.
+    """
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(exc)
+        self.exc = exc
+
+
+async def _contained(coro: Awaitable[T]) -> T:
+    try:
+        return await coro
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Escaped(exc) from None
+
+
+def _result(task: asyncio.Task[T]) -> T:
+    try:
+        return task.result()
+    except _Escaped as escaped:
+        raise escaped.exc from None
+
+
 async def await_on_asyncio(
     awaitable: Awaitable[T],
     *,
@@ -182,7 +208,7 @@ async def await_on_asyncio(
     )
     # The task copies this trio task's context: progress_update and the job's output
     # attribution see the job.
-    task = loop.create_task(coro)
+    task = loop.create_task(_contained(coro))
     finished = trio.Event()
     task.add_done_callback(lambda _: finished.set())
     try:
@@ -193,7 +219,7 @@ async def await_on_asyncio(
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: what it raised while cancelled is not news
         raise
-    return task.result()
+    return _result(task)
 
 
 async def _wait_cancelled(finished: trio.Event, waits: Holds | None, bound: float) -> None:
@@ -251,7 +277,7 @@ class AsyncioChunks:
         self._room = asyncio.Event()
         self._reader: trio.Event | None = None
         self._finished = trio.Event()
-        self._task = host_loop().create_task(self._pump())
+        self._task = host_loop().create_task(_contained(self._pump()))
         self._task.add_done_callback(lambda _: self._wake_reader(finished=True))
 
     def _wake_reader(self, *, finished: bool = False) -> None:
@@ -281,7 +307,7 @@ class AsyncioChunks:
     async def __anext__(self) -> Any:
         while not self._buffer:
             if self._task.done():
-                self._task.result()  # the generator's own error, with its traceback
+                _result(self._task)  # the generator's own error, with its traceback
                 raise StopAsyncIteration
             self._reader = reader = trio.Event()
             await reader.wait()

@@ -1,8 +1,12 @@
 """The ``trio-worker`` command: ``trio-worker dev handler.py`` runs the local endpoint.
 
-The handler file is run as ``__main__`` with ``--rp_serve_api`` added to its arguments, so
-its own ``trio_worker.start(...)`` call picks the local endpoint mode, exactly as
-``python handler.py --rp_serve_api`` would.
+The handler file is run the way ``python handler.py --rp_serve_api`` runs it: as
+``__main__``, with its own directory first on ``sys.path`` (so modules beside it import),
+and with ``--rp_serve_api`` added to its arguments, so its own ``trio_worker.start(...)``
+call picks the local endpoint mode. ``start()`` never returns; a file that runs to its end
+never called it.
+
+Mistakes on the command line are one line on stderr and exit status 2, as argparse's own.
 """
 
 from __future__ import annotations
@@ -10,20 +14,63 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from ._config import DEFAULT_API_HOST, DEFAULT_API_PORT
+from ._version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+PROG = "trio-worker"
+USAGE_ERROR = 2
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Tools for trio_worker, the Runpod Serverless worker SDK on trio.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dev = commands.add_parser(
+        "dev",
+        help="serve the endpoint API locally with a real worker",
+        description=(
+            "Run HANDLER_FILE as `python HANDLER_FILE --rp_serve_api` would: its trio_worker."
+            "start() call serves the Runpod endpoint API (/run, /runsync, /status, /stream,"
+            " /cancel, /health) on HOST:PORT, with a real worker taking the jobs over"
+            " loopback HTTP. Arguments after the flags below are passed to the file."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    dev.add_argument("handler_file", help="the Python file that calls trio_worker.start()")
+    dev.add_argument("--host", default=DEFAULT_API_HOST, help="address to listen on")
+    dev.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="port to listen on")
+    return parser
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trio-worker")
-    commands = parser.add_subparsers(dest="command", required=True)
-    dev = commands.add_parser("dev", help="serve the endpoint API locally with a real worker")
-    dev.add_argument("handler_file", help="the Python file that calls trio_worker.start()")
-    dev.add_argument("--host", default="localhost")
-    dev.add_argument("--port", type=int, default=8000)
-    args, rest = parser.parse_known_args(argv)
+    """Run the command; its exit status (a file that calls ``start()`` exits through it)."""
+    try:
+        args, rest = _parser().parse_known_args(argv)
+        path = Path(args.handler_file)
+        if not path.is_file():
+            why = "is a directory" if path.is_dir() else "no such file"
+            raise _UsageError(f"{args.handler_file}: {why}")
+    except _UsageError as exc:
+        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        return USAGE_ERROR
     sys.argv = [
         args.handler_file,
         "--rp_serve_api",
@@ -33,8 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         str(args.port),
         *rest,
     ]
-    runpy.run_path(args.handler_file, run_name="__main__")
-    return 0
+    # As `python FILE`: the file's own directory (symlinks resolved) is sys.path[0], in
+    # place of the directory of whatever launched this command.
+    sys.path[0] = str(path.resolve().parent)
+    runpy.run_path(str(path), run_name="__main__")
+    sys.stderr.write(
+        f"{PROG}: error: {args.handler_file} ran to its end without calling trio_worker.start()\n"
+    )
+    return USAGE_ERROR
 
 
 if __name__ == "__main__":

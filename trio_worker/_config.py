@@ -27,7 +27,7 @@ import math
 import os
 import socket
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NoReturn
 from urllib.parse import quote, urlsplit
 
 from ._capture import Redactor
@@ -178,6 +178,7 @@ class LocalArgs:
     api_host: str = DEFAULT_API_HOST
     api_port: int = DEFAULT_API_PORT
     debugger: bool = False
+    help: bool = False  # --help: start() prints the flags and exits 0
 
 
 def job_path_segment(job_id: str) -> str:
@@ -338,6 +339,68 @@ def log_level_from(environ: Mapping[str, str], cli_value: str | None) -> int:
     return LOG_LEVELS[name]
 
 
+class UsageError(ConfigurationError):
+    """A mistake on the command line: one line on stderr and exit status 2, as argparse."""
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+_FLAGS_DESCRIPTION = """\
+Runs this file as a Runpod Serverless worker (trio_worker.start). With RUNPOD_WEBHOOK_GET_JOB
+set, as on the platform, it takes jobs from the queue until SIGTERM; without it, it runs
+the handler once on --test_input (or ./test_input.json), or serves the endpoint API on
+localhost with --rp_serve_api. Flags it does not know are left to the program."""
+
+
+def reference_flags(prog: str | None = None) -> argparse.ArgumentParser:
+    """The reference SDK's flags, as ``start()`` reads them (``python worker.py --help``)."""
+    # No abbreviations: an unrelated --test flag must not be taken for --test_input.
+    parser = _RaisingParser(
+        prog=prog,
+        description=_FLAGS_DESCRIPTION,
+        add_help=False,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("-h", "--help", action="store_true", help="show this help and exit")
+    add(
+        "--test_input",
+        metavar="JSON",
+        help="run the handler once on this job, e.g. "
+        """'{"input": {"prompt": "hi"}}', print the result and exit""",
+    )
+    add(
+        "--rp_log_level",
+        metavar="LEVEL",
+        help="ERROR, WARN, INFO, DEBUG or 0-5 (default: "
+        "RUNPOD_LOG_LEVEL, else RUNPOD_DEBUG_LEVEL, else INFO)",
+    )
+    add(
+        "--rp_serve_api",
+        action="store_true",
+        help="serve the endpoint API (/run, /runsync, "
+        "/status, /stream, ...) on localhost with a real worker behind it",
+    )
+    add(
+        "--rp_api_host",
+        default=DEFAULT_API_HOST,
+        metavar="HOST",
+        help=f"--rp_serve_api's address (default: {DEFAULT_API_HOST})",
+    )
+    add(
+        "--rp_api_port",
+        default=str(DEFAULT_API_PORT),
+        metavar="PORT",
+        help=f"--rp_serve_api's port (default: {DEFAULT_API_PORT})",
+    )
+    add("--rp_debugger", action="store_true", help="accepted for compatibility and ignored")
+    return parser
+
+
 def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
     """Parse the reference's flags from *argv*, ignoring flags that are not ours.
 
@@ -345,29 +408,27 @@ def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
     reference does, but only when the caller decides the worker is in local mode.
 
     Raises:
-        ConfigurationError: when ``--test_input`` is not JSON, or a port is not a number.
+        UsageError: when ``--test_input`` has no value or is not JSON, or a port is not a
+            number.
     """
-    # No abbreviations: an unrelated --test flag must not be taken for --test_input.
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--test_input", default=None)
-    parser.add_argument("--rp_log_level", default=None)
-    parser.add_argument("--rp_serve_api", action="store_true")
-    parser.add_argument("--rp_api_host", default=DEFAULT_API_HOST)
-    parser.add_argument("--rp_api_port", default=str(DEFAULT_API_PORT))
-    parser.add_argument("--rp_debugger", action="store_true")
-    known, _unknown = parser.parse_known_args(list(argv))
+    try:
+        known, _unknown = reference_flags().parse_known_args(list(argv))
+    except UsageError as exc:
+        if "--test_input" in str(exc):
+            raise UsageError(
+                """--test_input needs a value: the job as JSON, e.g. --test_input '{"input": {}}'"""
+            ) from None
+        raise
     test_input: object | None = None
     if known.test_input is not None:
         try:
             test_input = json.loads(known.test_input)
         except json.JSONDecodeError as exc:
-            raise ConfigurationError(f"--test_input must be JSON: {exc}") from None
+            raise UsageError(f"--test_input must be JSON: {exc}") from None
     try:
         port = int(known.rp_api_port)
     except ValueError:
-        raise ConfigurationError(
-            f"--rp_api_port must be an integer, got {known.rp_api_port!r}"
-        ) from None
+        raise UsageError(f"--rp_api_port must be an integer, got {known.rp_api_port!r}") from None
     return LocalArgs(
         test_input=test_input,
         log_level=known.rp_log_level,
@@ -375,6 +436,7 @@ def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
         api_host=known.rp_api_host,
         api_port=port,
         debugger=known.rp_debugger,
+        help=known.help,
     )
 
 

@@ -69,6 +69,8 @@ class JobDriver:
         self.slots = slots
         self.shutdown_deadline = math.inf
         self.init_failed_body: bytes | None = None
+        # Set by the supervisor: a handler raised SystemExit/KeyboardInterrupt.
+        self.on_exit: Callable[[SystemExit | KeyboardInterrupt], None] | None = None
         self._scopes: dict[str, trio.CancelScope] = {}
 
     def fire(self, job: HeldJob, event: JobEvent) -> None:
@@ -151,6 +153,9 @@ class JobDriver:
             # The job's own scope caught a stop, a release or the end of the grace.
             await self._settle(job)
         else:
+            if report.exit is not None and self.on_exit is not None:
+                # Stop taking at once; this report still goes out (docs/design.md §9).
+                self.on_exit(report.exit)
             await self._report(job, report.body, is_stream=report.is_stream)
 
     async def _unwind_if_requested(self, job: HeldJob) -> None:

@@ -102,6 +102,9 @@ async def _run_once(
     )
     report = await runner.run(job)
     _print(report.body.decode())
+    if report.exit_status is not None:
+        # sys.exit(n) in the handler: the process exits with n, as in queue mode.
+        return report.exit_status
     # The platform fails a job whose report carries "error"; so does local mode.
     return 1 if "error" in json.loads(report.body) else 0
 

@@ -23,8 +23,10 @@ from ._errors import (
     WorkerIdentity,
     clip,
     encode_body,
+    error_type_name,
     generator_error_body,
     handler_error_body,
+    safe_str,
     shutdown_error_body,
 )
 from ._handlers import (
@@ -122,10 +124,20 @@ class PlatformChunks:
 
 @dataclass(frozen=True)
 class Report:
-    """A terminal job-done body, ready to post."""
+    """A terminal job-done body, ready to post.
+
+    *exit* is set when the handler raised ``SystemExit`` or ``KeyboardInterrupt``: what
+    ``serve()`` raises once the worker has delivered this report and shut down, and
+    ``start()`` turns into the process's exit status (docs/design.md §9).
+    """
 
     body: bytes
     is_stream: bool
+    exit: SystemExit | KeyboardInterrupt | None = None
+
+    @property
+    def exit_status(self) -> int | None:
+        return None if self.exit is None else exit_status(self.exit)
 
 
 class JobRunner:
@@ -178,12 +190,13 @@ class JobRunner:
             except BaseException as exc:
                 if is_cancellation(exc):
                     raise
-                return self._handler_error(exc, output, mark)
-        return self._result(result)
+                return self._handler_error(job.id, exc, output, mark)
+        return self._result(job.id, result)
 
     def malformed_report(self, job_id: str, reason: str) -> Report:
         """The error reported on a job that could not be run as delivered."""
         exc = MalformedJob(f"job {job_id} was not run: {reason}")
+        log_failed_job(job_id, "MalformedJob", str(exc), "unknown", self.settings)
         body = handler_error_body(
             exc,
             logs="",
@@ -198,6 +211,8 @@ class JobRunner:
         body = shutdown_error_body(
             job_id=job_id, grace_s=grace, identity=self.identity, redactor=self.settings.redactor
         )
+        message = f"still running when the shutdown grace of {grace:g} s ran out"
+        log_failed_job(job_id, "WorkerShutdown", message, "worker_shutdown", self.settings)
         return Report(encode_body(self._with_refresh(body)), is_stream=False)
 
     def _logs(self, output: JobOutput | None, mark: int) -> str:
@@ -209,36 +224,45 @@ class JobRunner:
             limit=self.settings.logs_tail_chars,
         )
 
-    def _handler_error(self, exc: BaseException, output: JobOutput, mark: int) -> Report:
+    def _handler_error(
+        self, job_id: str, exc: BaseException, output: JobOutput, mark: int
+    ) -> Report:
+        exc, status = process_exit(exc)
         exc = explain_backend(exc, on_asyncio=self.spec.on_asyncio)
         logs = self._logs(output, mark)
+        category = classify(exc, logs)
+        log_failed_job(job_id, error_type_name(exc), safe_str(exc), category, self.settings)
         body = handler_error_body(
             exc,
             logs=logs,
-            category=classify(exc, logs),
+            category=category,
             identity=self.identity,
             redactor=self.settings.redactor,
         )
-        return Report(encode_body(self._with_refresh(body)), is_stream=False)
+        return Report(encode_body(self._with_refresh(body)), is_stream=False, exit=status)
 
     def _with_refresh(self, body: dict[str, Any]) -> dict[str, Any]:
         return with_stop_pod(body) if self.spec.refresh_worker else body
 
-    def _result(self, value: object) -> Report:
-        return Report(
-            self._encode(result_body(value, redactor=self.settings.redactor)), is_stream=False
-        )
+    def _result(self, job_id: str, value: object) -> Report:
+        body = result_body(value, redactor=self.settings.redactor)
+        return Report(self._encode(job_id, body), is_stream=False)
 
-    def _encode(self, body: dict[str, Any]) -> bytes:
+    def _encode(self, job_id: str, body: dict[str, Any]) -> bytes:
+        if "error" in body:
+            # The handler returned {"error": ...}: the platform fails the job.
+            error = str(body["error"])
+            log_failed_job(job_id, "returned error", error, "unknown", self.settings)
         try:
             return encode_result(self._with_refresh(body))
         except ResultEncodingError as err:
-            log.error("result not deliverable as is: %s", err)
+            log_failed_job(job_id, error_type_name(err), str(err), "unknown", self.settings)
             return encode_body(self._with_refresh(self._chunk_error(err)))
 
     async def _stream(self, job: HeldJob, stream: Stream, output: JobOutput, mark: int) -> Report:
         aggregate: list[object] | None = [] if self.spec.return_aggregate_stream else None
         final: dict[str, Any] | None = None
+        status: SystemExit | KeyboardInterrupt | None = None
         send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._send_chunks, job.id, receive)
@@ -251,11 +275,17 @@ class JobRunner:
                         if isinstance(chunk, dict) and chunk.get("error"):
                             # The reference's rule: an error chunk ends the stream, unstreamed.
                             final = {"error": self._error_chunk_text(chunk["error"])}
+                            log_failed_job(
+                                job.id, "error chunk", final["error"], "unknown", self.settings
+                            )
                             break
                         try:
                             encoded = encode_result({"output": chunk})
                         except ResultEncodingError as err:
                             final = self._chunk_error(err)
+                            log_failed_job(
+                                job.id, error_type_name(err), str(err), "unknown", self.settings
+                            )
                             break
                         await send.send(encoded)
                         if aggregate is not None:
@@ -263,16 +293,21 @@ class JobRunner:
                 except BaseException as exc:
                     if is_cancellation(exc):
                         raise
+                    exc, status = process_exit(exc)
+                    exc = explain_backend(exc, on_asyncio=self.spec.on_asyncio)
                     logs = self._logs(output, mark)
-                    final = generator_error_body(
-                        explain_backend(exc, on_asyncio=self.spec.on_asyncio),
-                        logs=logs,
-                        redactor=self.settings.redactor,
+                    log_failed_job(
+                        job.id,
+                        error_type_name(exc),
+                        safe_str(exc),
+                        classify(exc, logs),
+                        self.settings,
                     )
+                    final = generator_error_body(exc, logs=logs, redactor=self.settings.redactor)
         if final is None:
             body = stream_final_body(aggregate, aggregate=aggregate is not None)
-            return Report(self._encode(body), is_stream=True)
-        return Report(encode_body(self._with_refresh(final)), is_stream=True)
+            return Report(self._encode(job.id, body), is_stream=True)
+        return Report(encode_body(self._with_refresh(final)), is_stream=True, exit=status)
 
     def _error_chunk_text(self, error: object) -> str:
         # The user's own error text still leaves the process: redact and bound it (I6).
@@ -289,6 +324,75 @@ class JobRunner:
                 # Chunks go out in order; the generator runs ahead meanwhile (the reference
                 # waits for every POST before advancing: docs/protocol.md §8 item 15).
                 await self.chunks.send_chunk(job_id, body)
+
+
+# How much of a failed job's message its ERROR log line carries: the report has the rest.
+LOG_MESSAGE_CHARS = 1000
+
+
+def log_failed_job(
+    job_id: str, error_type: str, message: str, category: str, settings: Settings
+) -> None:
+    """The one ERROR line the worker's own log gets per failed job (never its input).
+
+    The message is redacted, clipped and kept on one line, so the container log an
+    operator reads says which job failed and why without a trip to the platform.
+    """
+    text = clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS)
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    log.error("job %s failed: %s: %s (category %s)", job_id, error_type, text, category)
+
+
+def exit_status(exc: SystemExit | KeyboardInterrupt) -> int:
+    """The process's exit status for *exc*, as Python's own would be.
+
+    ``sys.exit(n)`` exits with *n* (modulo 256), ``sys.exit()`` with 0, ``sys.exit("text")``
+    with 1, ``KeyboardInterrupt`` with 130 (128 + SIGINT, as shells report it).
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    code = exc.code
+    if code is None:
+        return 0
+    return code & 0xFF if isinstance(code, int) else 1
+
+
+def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | KeyboardInterrupt | None]:
+    """For ``SystemExit``/``KeyboardInterrupt`` raised by a handler (alone or in a group):
+    the exception to report, worded with the exit status, and a fresh one for ``serve()``
+    to raise at the end. Anything else: *exc* and None.
+    """
+    leaf: BaseException | None = exc
+    if isinstance(exc, BaseExceptionGroup):
+        found, _ = exc.split((SystemExit, KeyboardInterrupt))
+        leaf = next(iter(_leaves(found)), None) if found is not None else None
+    fresh: SystemExit | KeyboardInterrupt
+    if isinstance(leaf, KeyboardInterrupt):
+        fresh = KeyboardInterrupt()
+        told: BaseException = KeyboardInterrupt(
+            "handler raised KeyboardInterrupt: the worker exits with status 130 once this"
+            " report is delivered"
+        )
+    elif isinstance(leaf, SystemExit):
+        code = leaf.code
+        fresh = SystemExit(exit_status(leaf))
+        told = SystemExit(
+            f"handler called sys.exit({'' if code is None else repr(code)}): the worker"
+            f" exits with status {exit_status(leaf)} once this report is delivered"
+        )
+    else:
+        return exc, None
+    told.__traceback__ = leaf.__traceback__
+    told.__cause__ = leaf.__cause__
+    told.__context__ = leaf.__context__
+    told.__suppress_context__ = leaf.__suppress_context__
+    return told, fresh
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for member in exc.exceptions for leaf in _leaves(member)]
+    return [exc]
 
 
 class MalformedJob(ValueError):

@@ -11,13 +11,17 @@ failure, local failure, bad configuration).
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
+
+import trio
 
 from . import _worker
 from ._asyncio_host import run_for
@@ -27,13 +31,16 @@ from ._config import (
     LocalArgs,
     Settings,
     Timings,
+    UsageError,
     log_level_from,
     parse_cli,
     read_test_input_file,
+    reference_flags,
 )
 from ._exceptions import ConfigurationError, InitializationError
 from ._exit import ExitGuard, exit_process
 from ._options import worker_options
+from ._runner import exit_status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -155,6 +162,9 @@ def start(
     leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process
     try:
         args = parse_cli(sys.argv[1:] if argv is None else argv)
+        if args.help:
+            sys.stdout.write(reference_flags(_prog()).format_help())
+            leave(0, None)
         configure_logging(log_level_from(os.environ, args.log_level), os.environ)
         options = worker_options(
             handler,
@@ -170,15 +180,15 @@ def start(
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
         )
-        if args.serve_api:
-            from ._local import run_dev_server
-
-            leave(run_dev_server(options, args), None)
-        if args.test_input is not None or not os.environ.get("RUNPOD_WEBHOOK_GET_JOB"):
-            leave(_run_local(options, args), None)
+        # Read (and checked) before the mode is picked: what would crash-loop once deployed
+        # fails the local run the same way.
         settings = Settings.from_environ(
             os.environ, timings=options.timings, capture_logs=options.capture_logs
         )
+        if args.serve_api:
+            leave(_serve_api(options, args), None)
+        if args.test_input is not None or not settings.platform.queue_mode:
+            leave(_run_local(options, args), None)
         if options.capture_logs == "on":
             capture = OutputCapture.install(redactor=settings.redactor)
             install_python_stream_attribution()
@@ -190,15 +200,71 @@ def start(
             options.async_backend,
             functools.partial(_worker.run_worker, options, seams=seams, handle_signals=False),
         )
-    except ConfigurationError as exc:
-        log.error("configuration error: %s", exc)
-        leave(1, capture)
-    except InitializationError:
-        leave(1, capture)
-    except BaseException:
-        log.exception("worker crashed")
-        leave(1, capture)
+    except BaseException as exc:
+        leave(_exit_status_for(exc), capture)
     leave(0, capture)
+
+
+def _prog() -> str:
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "worker"
+
+
+def _exit_status_for(exc: BaseException) -> int:
+    """The process's exit status for what ended :func:`start`, explained in one line.
+
+    A group (the local endpoint's nursery) is looked through when it holds one error.
+    """
+    leaf = _sole_leaf(exc)
+    if isinstance(leaf, UsageError):
+        sys.stderr.write(f"{_prog()}: error: {leaf}\n")
+        return 2
+    if isinstance(leaf, ConfigurationError):
+        log.error("configuration error: %s", leaf)
+        return 1
+    if isinstance(leaf, InitializationError):
+        return 1  # already logged and reported
+    if isinstance(leaf, SystemExit | KeyboardInterrupt):
+        # A handler raised it; its job has been reported failed (docs/design.md §9).
+        status = exit_status(leaf)
+        log.warning("exiting with status %d (%s)", status, type(leaf).__name__)
+        return status
+    log.error("worker crashed", exc_info=exc)
+    return 1
+
+
+def _sole_leaf(exc: BaseException) -> BaseException:
+    """The one exception inside *exc* (Cancelled aside), or *exc* itself."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    _, rest = exc.split(trio.Cancelled)
+    leaves = list(_leaves(rest)) if rest is not None else []
+    return _sole_leaf(leaves[0]) if len(leaves) == 1 else exc
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for member in exc.exceptions for leaf in _leaves(member)]
+    return [exc]
+
+
+# Binding the local endpoint failed for a reason the user fixes with another host or port.
+_BIND_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+
+
+def _serve_api(options: WorkerOptions, args: LocalArgs) -> int:
+    from ._local import run_dev_server
+
+    try:
+        return run_dev_server(options, args)
+    except BaseException as exc:
+        leaf = _sole_leaf(exc)
+        if isinstance(leaf, socket.gaierror) or (
+            isinstance(leaf, OSError) and leaf.errno in _BIND_ERRORS
+        ):
+            where = f"{args.api_host}:{args.api_port}"
+            reason = leaf.strerror or str(leaf)
+            raise UsageError(f"cannot serve on {where}: {reason}") from None
+        raise
 
 
 def _run_local(options: WorkerOptions, args: LocalArgs) -> int:

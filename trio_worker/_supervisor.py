@@ -131,6 +131,10 @@ class Supervisor:
             slots=capacity.slots,
         )
         self.failure: InitFailure | None = None
+        # What a handler raised to end the process (SystemExit, KeyboardInterrupt): the
+        # first one wins; serve() raises it once the shutdown it started is over.
+        self.exit_request: SystemExit | KeyboardInterrupt | None = None
+        self.driver.on_exit = self.request_exit
         self._claim_deadline = math.inf
         self._slot_event = trio.Event()
         self._take_scope: trio.CancelScope | None = None
@@ -188,6 +192,12 @@ class Supervisor:
     def reporting(self) -> bool:
         """Whether a terminal report is being delivered (each bounded by its own deadline)."""
         return any(job.state is JobState.REPORTING for job in self.ledger)
+
+    def request_exit(self, exc: SystemExit | KeyboardInterrupt) -> None:
+        """A handler asked the process to exit: shut down, then ``serve()`` raises *exc*."""
+        if self.exit_request is None:
+            self.exit_request = exc
+        self.request_shutdown(f"a handler raised {exc!r}")
 
     def statistics(self) -> dict[str, object]:
         return {
@@ -349,10 +359,19 @@ class Supervisor:
             return
         if self.settings.platform.take_url is None:
             return
+        wait = self._claim_deadline - trio.current_time()
+        log.warning(
+            "initializer failed with no job held: waiting up to %.3g s to claim a request to fail",
+            wait,
+        )
         try:
             await self._take_once(1)
         except (PlatformError, TransportError) as exc:
             log.error("could not claim a request to report the init failure: %s", exc)
+            return
+        claimed = self.ledger.ever_held
+        done = f"claimed {claimed} and failed it with the init failure" if claimed else "none"
+        log.warning("claim wait over: %s", done)
 
     async def _expire_grace(self) -> None:
         # Cancelled once every job task has ended: what follows is for those that cannot.

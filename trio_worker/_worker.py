@@ -122,7 +122,10 @@ async def serve(
     Raises:
         ConfigurationError: a setting is invalid (before anything runs).
         InitializationError: the initializer failed; every held job has been failed.
-        KeyboardInterrupt: a second SIGINT arrived during the shutdown.
+        KeyboardInterrupt: a second SIGINT arrived during the shutdown, or a handler
+            raised KeyboardInterrupt (raised once the worker has shut down, as below).
+        SystemExit: a handler called ``sys.exit(n)``; its job was reported failed, the
+            worker shut down as on SIGTERM, then this is raised with the exit status.
         WorkerInternalError: a bug in trio_worker (chained from what the nursery raised).
     """
     options = worker_options(
@@ -221,6 +224,10 @@ async def _serve(
         await client.aclose()
     if failure is not None:
         raise failure
+    if supervisor.exit_request is not None:
+        # A handler called sys.exit() (or raised KeyboardInterrupt): its job has been
+        # reported failed and the worker has shut down; now the caller gets it.
+        raise supervisor.exit_request
 
 
 def _build(

@@ -198,7 +198,23 @@ async def async_uses_asyncio(job: dict[str, Any]) -> Any:
     return None
 
 
+def exits(job: dict[str, Any]) -> Any:
+    """worker-vllm on a CUDA error: sys.exit so the platform replaces the GPU; or sleeps."""
+    if "seconds" in job["input"]:
+        return slow_sync(job)
+    if job["input"].get("interrupt"):
+        raise KeyboardInterrupt
+    sys.exit(job["input"]["code"])
+
+
+async def async_exits(job: dict[str, Any]) -> Any:
+    await _sleep(0)
+    sys.exit(job["input"]["code"])
+
+
 HANDLERS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "exits": exits,
+    "async_exits": async_exits,
     "echo": echo,
     "async_echo": async_echo,
     "raises": raises,

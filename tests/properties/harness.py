@@ -251,6 +251,10 @@ class Recorder:
         """Called by the worker on every phase change (an observer with this method)."""
         seq, now = self.tick()
         self.phases.append(PhaseChange(seq, now, before, event, after))
+        if event is PhaseEvent.DRAIN and self.sigterm is None:
+            # Not a SIGTERM: a handler's SystemExit, which shuts the worker down the same
+            # way from this moment (docs/design.md §9).
+            self.sigterm = (seq, now)
 
     def state_of(self, job_id: str) -> JobState | None:
         """The state of a held job right now (TAKEN if admitted but not yet moved)."""
@@ -947,7 +951,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
                         open_stream=ChaosOpener(opener, rec),
                         task_status=RecordingStatus(task_status, rec),
                     )
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:
                     rec.serve_outcome = exc
                 else:
                     rec.serve_outcome = "returned"
@@ -1186,17 +1190,29 @@ def cut_limit(run: Run, ex: Exchange) -> float:
 
 
 def check_run_ended(run: Run) -> list[str]:
-    """serve() ends: returns after shutdown, or raises InitializationError; never hangs,
+    """serve() ends: returns after shutdown, raises InitializationError, or raises
+    SystemExit iff a handler's SystemExit was reported (docs/design.md §9); never hangs,
     never raises anything else (WorkerInternalError: an illegal transition, a crash)."""
     rec = run.rec
     out = []
     if rec.hung:
         out.append(f"serve() did not return: hung until {HANG_LIMIT}s after the last action")
-    if not (rec.serve_outcome == "returned" or failure_of(run) is not None):
+    exit_reported = any(ex.route == "done" and EXIT_REPORTED in ex.body for ex in rec.exchanges)
+    if isinstance(rec.serve_outcome, SystemExit) != exit_reported:
+        out.append(f"serve() ended with {rec.serve_outcome!r}, exit reported: {exit_reported}")
+    elif not (
+        rec.serve_outcome == "returned"
+        or failure_of(run) is not None
+        or isinstance(rec.serve_outcome, SystemExit)
+    ):
         out.append(f"serve() ended with {rec.serve_outcome!r}")
     if rec.handle is not None and rec.handle.held_ids:
         out.append(f"serve() ended still holding {rec.handle.held_ids}")
     return out
+
+
+# What every report of a handler's SystemExit says (inside the escaped error text too).
+EXIT_REPORTED = b"handler called sys.exit("
 
 
 def check_platform(run: Run) -> list[str]:

@@ -1,0 +1,184 @@
+"""In virtual time, against the in-process fake: what the worker's own log and ``serve()``
+say when a handler ends the process (sys.exit, KeyboardInterrupt), when a job fails, and
+while a failed initializer waits to claim a request to fail (docs/design.md §6, §9)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+import trio_worker
+import trio_worker.testing
+from trio_worker.testing import FakePlatform
+
+
+def serve(
+    platform: FakePlatform, handler: Any, *, secrets: dict[str, str] | None = None, **kwargs: Any
+) -> functools.partial[Any]:
+    kwargs.setdefault("timings", trio_worker.Timings(shutdown_grace=2.0, claim_grace=3.0))
+    return functools.partial(
+        trio_worker.testing.serve,
+        handler,
+        environ={**platform.worker_env("http://platform", worker_id="w1"), **(secrets or {})},
+        transport=httpx.ASGITransport(app=platform),
+        heartbeat="task",
+        handle_signals=False,
+        capture_logs="off",
+        **kwargs,
+    )
+
+
+def error_of(platform: FakePlatform, job_id: str) -> dict[str, Any]:
+    (body,) = platform.job(job_id).done_reports
+    assert isinstance(body, dict)
+    parsed = json.loads(body["error"])
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+async def exits_or_sleeps(job: dict[str, Any]) -> Any:
+    if "seconds" in job["input"]:
+        await trio.sleep(job["input"]["seconds"])
+        return "slept"
+    sys.exit(job["input"]["code"])
+
+
+async def test_serve_reports_the_job_shuts_down_then_raises_system_exit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    slow = platform.enqueue({"seconds": 60})
+    exiting = platform.enqueue({"code": 3})
+    after = platform.enqueue({"code": 9})
+    started = trio.current_time()
+    with pytest.raises(SystemExit) as info:
+        await serve(platform, exits_or_sleeps, concurrency=2)()
+    assert info.value.code == 3
+    error = error_of(platform, exiting)
+    assert error["error_type"] == "SystemExit"
+    assert "sys.exit(3)" in str(error["error_message"])
+    # The job still running got the shutdown grace (2 s), then was failed.
+    assert error_of(platform, slow)["error_type"] == "WorkerShutdown"
+    assert trio.current_time() - started == pytest.approx(2.0, abs=0.1)
+    # Nothing was taken after the exit request.
+    assert platform.job(after).status == "IN_QUEUE"
+
+
+async def test_a_slow_job_that_finishes_within_the_grace_completes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    slow = platform.enqueue({"seconds": 1})
+    platform.enqueue({"code": 0})
+    with pytest.raises(SystemExit) as info:
+        await serve(platform, exits_or_sleeps, concurrency=2)()
+    assert info.value.code == 0
+    assert platform.job(slow).output == "slept"
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "shown"),
+    [(None, 0, "sys.exit()"), ("CUDA broke", 1, "sys.exit('CUDA broke')"), (258, 2, "(258)")],
+)
+async def test_the_exit_status_is_pythons_own(
+    autojump_clock: trio.testing.MockClock, code: object, status: int, shown: str
+) -> None:
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    job_id = platform.enqueue({"code": code})
+    with pytest.raises(SystemExit) as info:
+        await serve(platform, exits_or_sleeps)()
+    assert info.value.code == status
+    message = str(error_of(platform, job_id)["error_message"])
+    assert shown in message and f"status {status}" in message
+
+
+async def test_a_keyboard_interrupt_from_a_task_of_the_handler_leaves_as_itself(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def interrupted(job: dict[str, Any]) -> Any:
+        async def child() -> None:
+            raise KeyboardInterrupt
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(child)
+
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    job_id = platform.enqueue({})
+    with pytest.raises(KeyboardInterrupt):
+        await serve(platform, interrupted)()
+    error = error_of(platform, job_id)
+    assert error["error_type"] == "KeyboardInterrupt"
+    assert "status 130" in str(error["error_message"])
+
+
+async def test_each_failed_job_gets_one_redacted_error_line_without_its_input(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def handler(job: dict[str, Any]) -> Any:
+        if job["input"]["n"] == 1:
+            raise ValueError("token hf_secretsecretsecret refused\nsecond line")
+        return {"private": "prompt text"}
+
+    caplog.set_level(logging.INFO, logger="trio_worker")
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    failing = platform.enqueue({"n": 1})
+    fine = platform.enqueue({"n": 2})
+    async with trio.open_nursery() as nursery:
+        secrets = {"HF_TOKEN": "hf_secretsecretsecret"}
+        handle = await nursery.start(serve(platform, handler, secrets=secrets))
+        await platform.wait_for_status(fine, "COMPLETED")
+        handle.shutdown()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"job {failing} failed: ValueError: token [REDACTED] refused\\nsecond line"
+        " (category unknown)"
+    ]
+    assert "prompt text" not in caplog.text
+
+
+async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_ends(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def init() -> None:
+        raise RuntimeError("weights missing")
+
+    caplog.set_level(logging.INFO, logger="trio_worker")
+    platform = FakePlatform(take_hold=0.5, stop_hold=0.5)
+
+    async def enqueue_later() -> None:
+        await trio.sleep(0.7)  # while the claim's take (from t=0.5, held 0.5 s) waits
+        platform.enqueue({})
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(enqueue_later)
+        with pytest.raises(trio_worker.InitializationError):
+            await serve(platform, exits_or_sleeps, initializer=init)()
+    lines = [r.getMessage() for r in caplog.records]
+    assert (
+        "initializer failed with no job held: waiting up to 2.5 s to claim a request to fail"
+        in lines
+    )
+    assert "claim wait over: claimed 1 and failed it with the init failure" in lines
+
+
+async def test_a_claim_wait_that_claims_nothing_says_so(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def init() -> None:
+        raise RuntimeError("weights missing")
+
+    caplog.set_level(logging.INFO, logger="trio_worker")
+    platform = FakePlatform(take_hold=0.5, stop_hold=0.5)
+    with pytest.raises(trio_worker.InitializationError):
+        await serve(platform, exits_or_sleeps, initializer=init)()
+    lines = [r.getMessage() for r in caplog.records]
+    assert "claim wait over: none" in lines
