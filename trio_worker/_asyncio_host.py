@@ -324,4 +324,4 @@ class AsyncioChunks:
         if scope.cancelled_caught:
             log.warning("async generator cleanup cut after %.1fs", self._close_bound)
         elif not self._task.cancelled() and self._task.exception() is not None:
-            log.debug("async generator ended with %r while closing", self._task.exception())
+            log.debug("async generator ended with %r while closing", repr(self._task.exception()))

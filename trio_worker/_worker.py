@@ -347,7 +347,7 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
     try:
         body = encode_result({"status": "IN_PROGRESS", "output": progress})
     except ResultEncodingError as err:
-        log.error("progress_update for job %s not sent: %s", job_id, err)
+        log.error("progress_update for job %s not sent: %s", job_id, str(err))
         return
     try:
         # On the trio thread (a trio task, or an asyncio task between trio's ticks on the

@@ -146,7 +146,7 @@ class HeartbeatThread:
                         raise TransportError(f"ping answer over {MAX_ANSWER_BYTES} bytes, not read")
             self.sent += 1
         except Exception as exc:
-            log.warning("ping failed: %s: %s", type(exc).__name__, exc)
+            log.warning("ping failed: %s: %s", type(exc).__name__, str(exc))
 
     def _loop(self) -> None:
         due = time.monotonic()
@@ -173,5 +173,5 @@ async def heartbeat_task(client: HttpBackend, url: str, interval: float, held: H
         try:
             await client.request("GET", urls(held()), max_body=MAX_ANSWER_BYTES)
         except Exception as exc:
-            log.warning("ping failed: %s: %s", type(exc).__name__, exc)
+            log.warning("ping failed: %s: %s", type(exc).__name__, str(exc))
         await trio.sleep(interval)
