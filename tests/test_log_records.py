@@ -21,7 +21,7 @@ import trio_worker
 from trio_worker._exceptions import TransportError
 from trio_worker._platform._heartbeat import heartbeat_task
 from trio_worker._platform._http import HttpResponse
-from trio_worker.testing import Fault, FakePlatform
+from trio_worker.testing import FakePlatform, Fault
 
 from .test_supervisor import Harness
 
