@@ -8,6 +8,7 @@ in virtual time (exact retry timing) and over real loopback HTTP.
 from __future__ import annotations
 
 import json
+import re
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING
@@ -376,3 +377,42 @@ async def test_webhook_over_loopback_and_unsent_without_a_sender(nursery: trio.N
         await client.post("/run", json={"input": {}, "webhook": hook})
         await finish(client, {"output": 1})
     assert [call.finished for call in unsent.webhooks.calls] == [False]
+
+
+# -- the page and the schema -----------------------------------------------------------------
+
+
+async def test_the_page_is_self_contained_and_the_schema_follows_the_routes(
+    autojump_clock: MockClock,
+) -> None:
+    platform = FakePlatform()
+    async with client_of(platform) as client:
+        root, docs = await client.get("/"), await client.get("/docs")
+        schema = (await client.get("/openapi.json")).json()
+        posted = await client.post("/docs")
+    assert root.status_code == 200
+    assert root.headers["content-type"] == "text/html; charset=utf-8"
+    assert docs.content == root.content
+    page = root.text
+    assert "default-src 'none'" in page
+    assert not re.search(r"(src|href)=\"(https?:)?//", page)  # nothing from elsewhere
+    assert "http://" not in page and "https://" not in page
+    for element in ('id="body"', 'id="run"', 'id="runsync"', 'id="chunks"', 'id="error"'):
+        assert element in page
+    assert posted.status_code == 405
+    assert schema["openapi"].startswith("3.")
+    assert set(schema["paths"]) == {
+        "/run",
+        "/runsync",
+        "/status/{id}",
+        "/stream/{id}",
+        "/cancel/{id}",
+        "/health",
+        "/purge-queue",
+    }
+    assert set(schema["paths"]["/status/{id}"]) == {"get", "post"}
+    run = schema["paths"]["/run"]["post"]
+    assert run["requestBody"]["content"]["application/json"]["schema"]["required"] == ["input"]
+    assert {"200", "400", "413"} <= set(run["responses"])
+    wait = schema["paths"]["/runsync"]["post"]["parameters"][0]
+    assert (wait["name"], wait["schema"]["maximum"]) == ("wait", 300000)

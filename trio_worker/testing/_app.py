@@ -22,6 +22,7 @@ POST /run, /runsync                           api_run...  endpoint API, also und
 GET  /status/{id}, /stream/{id}, /health      api_...
 POST /cancel/{id}, /purge-queue               api_...
 GET  /_stats, /_env                           stats, env  counters and per-job timings; wiring
+GET  /, /docs, /openapi.json                  page, ...   a page to try the handler; the schema
 ============================================  ==========  ==================================
 
 Worker routes check ``Authorization`` against ``api_key`` when one is configured; the
@@ -36,6 +37,7 @@ from urllib.parse import parse_qsl
 import trio
 
 from ._endpoint import OTHER_BODY_LIMIT, RUN_BODY_LIMIT, RUNSYNC_BODY_LIMIT, RUNSYNC_WAIT
+from ._page import PAGE_HTML, openapi_document
 from ._records import JobRecord, RecordedRequest
 from ._routes import (
     NO_CONTENT,
@@ -87,6 +89,9 @@ _API_ROUTES: Final = {
     "cancel": ("api_cancel", 1),
     "_stats": ("stats", 0),
     "_env": ("env", 0),
+    "": ("page", 0),
+    "docs": ("page", 0),
+    "openapi.json": ("openapi", 0),
 }
 # No HEAD: a HEAD take would hand out a job in a response with no body.
 _GET: Final = frozenset({"GET"})
@@ -108,7 +113,10 @@ _METHODS: Final = {
     "api_purge_queue": _POST,
     "stats": _GET,
     "env": _GET,
+    "page": _GET,
+    "openapi": _GET,
 }
+_OPENAPI: Final = encode_json(openapi_document(_API_ROUTES, _METHODS))
 
 
 class FakePlatform(PlatformState):
@@ -253,6 +261,10 @@ class FakePlatform(PlatformState):
         if handler is None:
             if route == "stats":
                 return Response(200, stats_body(self, request.query))
+            if route == "page":
+                return Response(200, PAGE_HTML, b"text/html; charset=utf-8")
+            if route == "openapi":
+                return Response(200, _OPENAPI)
             return await api_route(self, request)
         if self.api_key is not None and request.headers.get("authorization") != self.api_key:
             return json_response(401, {"error": "unauthorized"})
