@@ -260,8 +260,8 @@ async def test_only_the_newest_finished_jobs_are_kept(autojump_clock: MockClock)
 def test_retention_prunes_entries_the_count_rule_dropped() -> None:
     retention = Retention(max_count=2)
     for n in range(1000):
-        retention.add(f"j{n}", 100.0 + n)
-        assert retention.due(0.0) == ([f"j{n - 2}"] if n >= 2 else [])
+        assert retention.add(f"j{n}", 100.0 + n) == ([f"j{n - 2}"] if n >= 2 else [])
+        assert retention.due(0.0) == []
     assert len(retention._expiries) <= 2 * 2 + 64
     assert retention.due(5000.0) == ["j998", "j999"]
 

@@ -187,7 +187,8 @@ class Retention:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._expiries: list[tuple[float, str]] = []
 
-    def add(self, job_id: str, expires: float) -> None:
+    def add(self, job_id: str, expires: float) -> list[str]:
+        """Keep *job_id* until *expires*; the ids the count rule drops now."""
         self._finished[job_id] = None
         if expires < math.inf:
             heapq.heappush(self._expiries, (expires, job_id))
@@ -196,19 +197,21 @@ class Retention:
                 kept = [entry for entry in self._expiries if entry[1] in self._finished]
                 heapq.heapify(kept)
                 self._expiries = kept
+        gone: list[str] = []
+        if self.max_count is not None:
+            while len(self._finished) > self.max_count:
+                gone.append(self._finished.popitem(last=False)[0])
+        return gone
 
     def next_expiry(self) -> float:
         return self._expiries[0][0] if self._expiries else math.inf
 
     def due(self, now: float) -> list[str]:
-        """The ids to forget now (each once)."""
+        """The ids whose time to live has run out by *now* (each once)."""
         gone: list[str] = []
         while self._expiries and self._expiries[0][0] <= now:
             _, job_id = heapq.heappop(self._expiries)
             if job_id in self._finished:
                 del self._finished[job_id]
                 gone.append(job_id)
-        if self.max_count is not None:
-            while len(self._finished) > self.max_count:
-                gone.append(self._finished.popitem(last=False)[0])
         return gone

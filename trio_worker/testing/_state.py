@@ -141,6 +141,8 @@ class PlatformState:
         #: Webhook calls of finished jobs (sent while :meth:`run_webhook_sender` runs).
         self.webhooks = WebhookSender()
         self._retention = Retention(max_finished)
+        self._retains = expire_results or max_finished is not None
+        self._next_timer = math.inf  # earliest execution timeout or expiry
         self._timeouts: list[tuple[float, str, int]] = []  # (deadline, job id, take number)
         self._ping_total = 0
         #: Every request, in arrival order (unless ``record_requests=False``).
@@ -412,14 +414,16 @@ class PlatformState:
 
     def _on_finished(self, job: JobRecord) -> None:
         """Start the job's retention clock and its webhook call."""
-        now = _now_or_none()
-        expires = now + job.result_ttl if self.expire_results and now is not None else math.inf
-        if expires < math.inf or self._retention.max_count is not None:
-            self._retention.add(job.id, expires)
-            self._move_checker(self._retention.next_expiry())
-        webhook = job.extra.get("webhook")
-        if isinstance(webhook, str):
-            self.webhooks.submit(job.id, webhook, encode_json(status_object(job)))
+        if self._retains:
+            now = _now_or_none() if self.expire_results else None
+            expires = now + job.result_ttl if now is not None else math.inf
+            for job_id in self._retention.add(job.id, expires):
+                self._forget(job_id)
+            self._timers_changed(self._retention.next_expiry())
+        if job.extra:
+            webhook = job.extra.get("webhook")
+            if isinstance(webhook, str):
+                self.webhooks.submit(job.id, webhook, encode_json(status_object(job)))
 
     def _record_request(self, request: RecordedRequest) -> None:
         if self.record_requests:
@@ -489,7 +493,7 @@ class PlatformState:
             self._move_checker(self._next_requeue_check)
         if job.execution_timeout is not None:
             heapq.heappush(self._timeouts, (now + job.execution_timeout, job.id, job.takes))
-            self._move_checker(self._timeouts[0][0])
+            self._timers_changed(self._timeouts[0][0])
         self._set_status(job, "IN_PROGRESS")
         if job.id in self._stops:
             self._stops_changed.unpark_all()
@@ -517,6 +521,11 @@ class PlatformState:
         timeout = self._timeouts[0][0] if self._timeouts else math.inf
         return min(self._next_requeue_check, timeout, self._retention.next_expiry())
 
+    def _timers_changed(self, deadline: float) -> None:
+        """A timeout or expiry at *deadline* now exists: requests and the checker see it."""
+        self._next_timer = min(self._next_timer, deadline)
+        self._move_checker(deadline)
+
     def _move_checker(self, deadline: float) -> None:
         scope = self._checker_scope
         if scope is not None and deadline < scope.deadline:
@@ -525,6 +534,9 @@ class PlatformState:
     def _check_deadlines(self, now: float) -> None:
         """Apply every time rule that is due: requeues, execution timeouts, expiries."""
         self._check_requeue(now)
+        if now < self._next_timer:
+            return  # the common case: one comparison per request
+        self._next_timer = math.inf
         timeouts = self._timeouts
         while timeouts and timeouts[0][0] <= now:
             _, job_id, take = heapq.heappop(timeouts)
@@ -533,6 +545,7 @@ class PlatformState:
                 self._time_out(job, now)
         for job_id in self._retention.due(now):
             self._forget(job_id)
+        self._next_timer = min(self._next_deadline(), self._next_timer)
 
     def _time_out(self, job: JobRecord, now: float) -> None:
         """Fail a job past its execution timeout and tell its worker to stop it."""
