@@ -369,7 +369,7 @@ class PlatformState:
     async def run_requeue_checker(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Apply the requeue rule at its exact deadlines, until cancelled.
+        """Apply the requeue rule, execution timeouts and expiries at their exact deadlines.
 
         Optional: requests also check the rule. It sleeps in a cancel scope whose deadline
         is the earliest requeue deadline; a take that creates an earlier one moves that
