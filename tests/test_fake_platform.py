@@ -618,7 +618,7 @@ async def test_worker_routes_require_the_api_key(autojump_clock: MockClock) -> N
         assert (await right.get(TAKE)).status_code == 204
         assert (await right.get(ping_url())).status_code == 200
         # The endpoint API of a local dev server is open.
-        assert (await anonymous.post("/run", json={"input": 1})).status_code == 200
+        assert (await anonymous.post("/run", json={"input": {"n": 1}})).status_code == 200
     assert platform.pings[0].worker == "w1"
     assert len(platform.pings) == 1
 
@@ -629,7 +629,7 @@ async def test_worker_routes_require_the_api_key(autojump_clock: MockClock) -> N
 async def test_run_status_and_health(autojump_clock: MockClock) -> None:
     platform = FakePlatform(take_hold=0)
     async with asgi_client(platform) as client:
-        queued = (await client.post("/run", json={"input": {"q": 1}, "webhook": "w"})).json()
+        queued = (await client.post("/run", json={"input": {"q": 1}, "s3Config": "w"})).json()
         job_id = queued["id"]
         assert queued == {"id": job_id, "status": "IN_QUEUE"}
         assert (await client.get(f"/status/{job_id}")).json()["status"] == "IN_QUEUE"
@@ -642,7 +642,7 @@ async def test_run_status_and_health(autojump_clock: MockClock) -> None:
         done = (await client.get(f"/status/{job_id}")).json()
         health = (await client.get("/health")).json()
         missing = await client.get("/status/nope")
-    assert job == {"id": job_id, "input": {"q": 1}, "webhook": "w"}
+    assert job == {"id": job_id, "input": {"q": 1}, "s3Config": "w"}
     assert in_progress["status"] == "IN_PROGRESS"
     assert in_progress["workerId"] == "w1"
     assert health_busy["workers"] == {"running": 1, "idle": 0}
@@ -664,7 +664,7 @@ async def test_run_status_and_health(autojump_clock: MockClock) -> None:
 async def test_failed_status_carries_the_error(autojump_clock: MockClock) -> None:
     platform = FakePlatform(take_hold=0)
     async with asgi_client(platform) as client:
-        job_id = (await client.post(f"{EP}/run", json={"input": None})).json()["id"]
+        job_id = (await client.post(f"{EP}/run", json={"input": {}})).json()["id"]
         await client.get(TAKE)
         await report(client, job_id, {"error": "it broke"})
         status = (await client.get(f"/status/{job_id}")).json()
@@ -685,7 +685,7 @@ async def test_run_rejects_bodies_without_input(autojump_clock: MockClock) -> No
 async def test_cancel_and_purge_queue(autojump_clock: MockClock) -> None:
     platform = FakePlatform(take_hold=0)
     async with asgi_client(platform) as client:
-        ids = [(await client.post("/run", json={"input": n})).json()["id"] for n in range(4)]
+        ids = [(await client.post("/run", json={"input": {"n": n}})).json()["id"] for n in range(4)]
         cancelled = (await client.post(f"/cancel/{ids[0]}")).json()
         purged = (await client.post("/purge-queue")).json()
         health = (await client.get("/health")).json()
@@ -708,7 +708,7 @@ async def test_runsync_waits_for_the_result(autojump_clock: MockClock) -> None:
 
         nursery.start_soon(worker)
         start = trio.current_time()
-        answer = (await client.post("/runsync", json={"input": "x"})).json()
+        answer = (await client.post("/runsync", json={"input": {"x": 1}})).json()
     assert trio.current_time() - start == 3.0
     assert answer["status"] == "COMPLETED"
     assert answer["output"] == "synced"
@@ -718,7 +718,7 @@ async def test_runsync_gives_up_after_its_bound(autojump_clock: MockClock) -> No
     platform = FakePlatform(runsync_wait=60.0)
     async with asgi_client(platform) as client:
         start = trio.current_time()
-        answer = (await client.post("/runsync?wait=2500", json={"input": "x"})).json()
+        answer = (await client.post("/runsync?wait=2500", json={"input": {"x": 1}})).json()
     assert trio.current_time() - start == 2.5
     assert answer["status"] == "IN_QUEUE"
 

@@ -117,16 +117,30 @@ def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
 async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     from ._worker import run_worker
     from .testing._app import FakePlatform
+    from .testing._endpoint import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
     from .testing._http_server import serve_asgi
 
-    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    # The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
+    # finished jobs are kept, a job runs 10 minutes at most unless its policy says
+    # otherwise, and no request is kept after it is answered.
+    platform = FakePlatform(
+        take_hold=5.0,
+        stop_hold=5.0,
+        execution_timeout=DEFAULT_EXECUTION_TIMEOUT,
+        expire_results=True,
+        max_finished=MAX_FINISHED,
+        record_requests=False,
+    )
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_asgi, platform, args.api_host, args.api_port)
+        await nursery.start(platform.run_requeue_checker)
+        await nursery.start(platform.run_webhook_sender)
         base = f"http://{args.api_host}:{port}"
         environ = {**os.environ, **platform.worker_env(base, worker_id="local-worker")}
         log.info(
             "local endpoint on %s: POST /run, POST /runsync, GET /status/{id}, GET /stream/{id},"
-            " POST /cancel/{id}, GET /health, POST /purge-queue",
+            " POST /cancel/{id}, GET /health, POST /purge-queue; a page to try it at /,"
+            " its OpenAPI schema at /openapi.json",
             base,
         )
         _print(f"trio_worker local endpoint: {base}")

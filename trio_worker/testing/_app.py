@@ -22,6 +22,7 @@ POST /run, /runsync                           api_run...  endpoint API, also und
 GET  /status/{id}, /stream/{id}, /health      api_...
 POST /cancel/{id}, /purge-queue               api_...
 GET  /_stats, /_env                           stats, env  counters and per-job timings; wiring
+GET  /, /docs, /openapi.json                  page, ...   a page to try the handler; the schema
 ============================================  ==========  ==================================
 
 Worker routes check ``Authorization`` against ``api_key`` when one is configured; the
@@ -35,10 +36,13 @@ from urllib.parse import parse_qsl, unquote
 
 import trio
 
+from ._endpoint import OTHER_BODY_LIMIT, RUN_BODY_LIMIT, RUNSYNC_BODY_LIMIT, RUNSYNC_WAIT
+from ._page import PAGE_HTML, openapi_document
 from ._records import JobRecord, RecordedRequest
 from ._routes import (
     NO_CONTENT,
     OK,
+    BodyTooLarge,
     ClientGone,
     ConnectionDropped,
     Request,
@@ -73,6 +77,8 @@ _WORKER_ROUTES: Final = {
     "ping": ("ping", 1),
 }
 _WORKER_ROUTE_NAMES: Final = frozenset(name for name, _ in _WORKER_ROUTES.values())
+# Request body limits of the endpoint API (docs/protocol.md §4.1); worker routes have none.
+_BODY_LIMITS: Final = {"api_run": RUN_BODY_LIMIT, "api_runsync": RUNSYNC_BODY_LIMIT}
 _API_ROUTES: Final = {
     "run": ("api_run", 0),
     "runsync": ("api_runsync", 0),
@@ -83,6 +89,9 @@ _API_ROUTES: Final = {
     "cancel": ("api_cancel", 1),
     "_stats": ("stats", 0),
     "_env": ("env", 0),
+    "": ("page", 0),
+    "docs": ("page", 0),
+    "openapi.json": ("openapi", 0),
 }
 # No HEAD: a HEAD take would hand out a job in a response with no body.
 _GET: Final = frozenset({"GET"})
@@ -104,7 +113,10 @@ _METHODS: Final = {
     "api_purge_queue": _POST,
     "stats": _GET,
     "env": _GET,
+    "page": _GET,
+    "openapi": _GET,
 }
+_OPENAPI: Final = encode_json(openapi_document(_API_ROUTES, _METHODS))
 
 
 class FakePlatform(PlatformState):
@@ -120,9 +132,20 @@ class FakePlatform(PlatformState):
             listed it; each requeue is recorded in ``job(id).requeues``. None (the
             default) never requeues.
         endpoint_id: used by :meth:`worker_env` (requests may use any endpoint id).
-        runsync_wait: how long ``/runsync`` waits for a result (``?wait=ms`` overrides).
-        record_requests: keep every request in :attr:`requests`; turn off for long
-            benchmark runs (the per-route counters are kept either way).
+        runsync_wait: how long ``/runsync`` waits for a result (``?wait=ms`` overrides);
+            the platform's 90 s by default.
+        record_requests: keep every request in :attr:`requests` and every ping in
+            :attr:`pings`; turn off for long runs (the counters are kept either way).
+        execution_timeout: seconds a take may hold a job before it is TIMED_OUT and its
+            worker told to stop it; a job's ``policy.executionTimeout`` overrides it.
+            None (the default): only jobs with a policy are timed.
+        expire_results: forget finished jobs as the platform does, ``/run`` jobs 30
+            minutes and ``/runsync`` jobs 1 minute after they finish (docs/protocol.md
+            §4.1); ``/status`` then answers 404. Off by default: tests read old jobs.
+        max_finished: keep at most this many finished jobs, forgetting the oldest first.
+
+    Finished jobs with a ``webhook`` URL have their final status POSTed to it while
+    :meth:`run_webhook_sender` runs (:func:`run_platform_server` runs it).
 
     Sync methods (:meth:`enqueue`, :meth:`job`, ...) must be called from the trio thread
     that serves the app; with :func:`run_server_in_thread` use ``ServerThread.run_sync``.
@@ -136,8 +159,11 @@ class FakePlatform(PlatformState):
         stop_hold: float = 5.0,
         requeue_after: float | None = None,
         endpoint_id: str = "test-ep",
-        runsync_wait: float = 60.0,
+        runsync_wait: float = RUNSYNC_WAIT,
         record_requests: bool = True,
+        execution_timeout: float | None = None,
+        expire_results: bool = False,
+        max_finished: int | None = None,
     ) -> None:
         super().__init__(
             api_key=api_key,
@@ -147,6 +173,9 @@ class FakePlatform(PlatformState):
             endpoint_id=endpoint_id,
             runsync_wait=runsync_wait,
             record_requests=record_requests,
+            execution_timeout=execution_timeout,
+            expire_results=expire_results,
+            max_finished=max_finished,
         )
         self._routes: dict[str, Callable[[Request], Awaitable[Response]]] = {
             "take": self._take,
@@ -169,10 +198,14 @@ class FakePlatform(PlatformState):
         raw_path = scope.get("raw_path")
         path = raw_path.decode("latin-1") if raw_path is not None else scope["path"]
         route, args = _match(path)
+        limit = _BODY_LIMITS.get(route, None if route in _WORKER_ROUTE_NAMES else OTHER_BODY_LIMIT)
+        too_large = False
         try:
-            body = await read_body(receive)
+            body = await read_body(receive, limit)
         except ClientGone:
             return
+        except BodyTooLarge:
+            body, too_large = b"", True
         query = parse_query(scope["query_string"])
         if args and route in _WORKER_ROUTE_NAMES and "&" in args[-1]:
             # A GET_JOB template without "?" puts the appended parameters in the path
@@ -184,8 +217,12 @@ class FakePlatform(PlatformState):
         now = trio.current_time()
         record = RecordedRequest(now, scope["method"], route, scope["path"], query, headers, body)
         self._record_request(record)
-        self._check_requeue(now)
+        self._check_deadlines(now)
         request = Request(record, args, receive)
+        if too_large:
+            message = f"request body larger than {limit} bytes"
+            await self._send(send, json_response(413, {"error": message}), record)
+            return
         try:
             response = await self._answer(request, self._take_fault(route))
         except ClientGone:
@@ -229,6 +266,10 @@ class FakePlatform(PlatformState):
         if handler is None:
             if route == "stats":
                 return Response(200, stats_body(self, request.query))
+            if route == "page":
+                return Response(200, PAGE_HTML, b"text/html; charset=utf-8")
+            if route == "openapi":
+                return Response(200, _OPENAPI)
             return await api_route(self, request)
         if self.api_key is not None and request.headers.get("authorization") != self.api_key:
             return json_response(401, {"error": "unauthorized"})

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 #: Job statuses after which nothing changes a job's status any more.
-TERMINAL_STATUSES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+TERMINAL_STATUSES: Final = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"})
 
 
 @dataclass
@@ -149,10 +149,14 @@ class JobRecord:
     stop_requested: bool = False
     stop_delivered_time: float | None = None
     stream_cursor: int = field(default=0, repr=False)
+    #: Seconds a take may hold the job before it is TIMED_OUT (None: no limit).
+    execution_timeout: float | None = None
+    #: Seconds the job stays readable once finished, when the platform expires results.
+    result_ttl: float = 30 * 60.0
 
     @property
     def finished(self) -> bool:
-        """True once the job is COMPLETED, FAILED or CANCELLED."""
+        """True once the job is COMPLETED, FAILED, CANCELLED or TIMED_OUT."""
         return self.status in TERMINAL_STATUSES
 
     @property
@@ -185,3 +189,5 @@ class PlatformStatistics:
     late_progress_updates: int
     pings: int
     workers: dict[str, float]
+    timed_out: int = 0
+    webhook_calls: int = 0

@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 import httpx
 import trio
 
+from ._endpoint import DISCARD_LIMIT, RequestRefused, check_submission, status_object
 from ._http_server import AbortConnection
 from ._state import encode_json
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._http_server import Message, Receive, Send
-    from ._records import Fault, JobRecord, RecordedRequest
+    from ._records import Fault, RecordedRequest
     from ._state import PlatformState
 
 _T = TypeVar("_T")
@@ -44,6 +45,10 @@ class ConnectionDropped(AbortConnection, httpx.RemoteProtocolError):
 
 class ClientGone(Exception):
     """The client disconnected while its request was held; nothing is sent."""
+
+
+class BodyTooLarge(Exception):
+    """The request body passed its route's limit (it was read and dropped)."""
 
 
 class Response:
@@ -161,26 +166,40 @@ def parse_json(body: bytes) -> object:
     return json.loads(body)
 
 
-async def read_body(receive: Receive) -> bytes:
-    """The whole request body.
+async def read_body(receive: Receive, limit: int | None = None) -> bytes:
+    """The whole request body, at most *limit* bytes of it kept.
+
+    A body past *limit* is still read to its end (up to ``DISCARD_LIMIT``) but not kept,
+    so the client, which sends its whole body before it reads, gets the 413.
 
     Raises:
         ClientGone: if the client disconnected first.
+        BodyTooLarge: past *limit*.
+        ConnectionDropped: past ``DISCARD_LIMIT``: the connection is closed unanswered.
     """
     message = await receive()
     if message["type"] == "http.disconnect":
         raise ClientGone
     body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):
+    if not message.get("more_body", False) and (limit is None or len(body) <= limit):
         return body
     chunks = [body]
-    while True:
+    size = len(body)
+    while message.get("more_body", False):
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientGone
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if limit is not None and size > limit:
+            chunks.clear()
+            if size > DISCARD_LIMIT:
+                raise ConnectionDropped("request body far past its limit")
+        else:
+            chunks.append(chunk)
+    if limit is not None and size > limit:
+        raise BodyTooLarge
+    return b"".join(chunks)
 
 
 async def lifespan(receive: Receive, send: Send) -> None:
@@ -195,24 +214,6 @@ async def lifespan(receive: Receive, send: Send) -> None:
 
 
 # -- the endpoint API ----------------------------------------------------------------------
-
-
-def status_object(job: JobRecord) -> dict[str, object]:
-    """``GET /status/{id}``'s answer, in the shape of Runpod's endpoint API."""
-    answer: dict[str, object] = {"id": job.id, "status": job.status}
-    if job.take_time is not None and job.enqueue_time is not None:
-        answer["delayTime"] = round((job.take_time - job.enqueue_time) * 1000)
-    if job.done_time is not None and job.take_time is not None:
-        answer["executionTime"] = round((job.done_time - job.take_time) * 1000)
-    if job.taken_by is not None:
-        answer["workerId"] = job.taken_by
-    if job.status == "COMPLETED" or (job.status == "FAILED" and job.output is not None):
-        answer["output"] = job.output
-    elif job.status == "IN_PROGRESS" and job.progress:
-        answer["output"] = job.progress[-1]
-    if job.status == "FAILED":
-        answer["error"] = job.error
-    return answer
 
 
 async def api_route(platform: PlatformState, request: Request) -> Response:
@@ -242,23 +243,19 @@ async def api_route(platform: PlatformState, request: Request) -> Response:
 
 
 async def _run(platform: PlatformState, request: Request, *, sync: bool) -> Response:
+    """Check the whole request (docs/protocol.md §4.1), and only then queue it."""
     try:
         body = parse_json(request.body)
     except ValueError:
-        return json_response(400, {"error": "body is not JSON"})
-    if not isinstance(body, dict) or "input" not in body:
-        return json_response(400, {"error": 'body must be a JSON object with an "input"'})
-    extra = {k: v for k, v in body.items() if k not in ("input", "id")}
-    job_id = platform.enqueue(body["input"], extra=extra)
-    if not sync:
-        return json_response(200, {"id": job_id, "status": "IN_QUEUE"})
-    wait = platform.runsync_wait
-    if "wait" in request.query:
-        try:
-            wait = float(request.query["wait"]) / 1000
-        except ValueError:
-            return json_response(400, {"error": "wait must be a number of milliseconds"})
-    job = platform.job(job_id)
+        return json_response(400, {"error": "the body is not JSON"})
+    try:
+        submission = check_submission(body, request.query, sync=sync)
+    except RequestRefused as refused:
+        return json_response(refused.status, {"error": refused.message})
+    job = platform.submit(submission)
+    if submission.wait is None:
+        return json_response(200, {"id": job.id, "status": "IN_QUEUE"})
+    wait = submission.wait if "wait" in request.query else platform.runsync_wait
     await hold(request, wait, lambda: job if job.finished else None, platform.status_changed)
     return json_response(200, status_object(job))
 

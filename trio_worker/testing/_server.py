@@ -31,8 +31,9 @@ async def run_platform_server(
 ) -> AsyncIterator[str]:
     """Serve *platform* over HTTP while the block runs; yields the base URL.
 
-    Also runs the platform's requeue checker, so requeues happen at their deadline even
-    when no request arrives. Leaving the block stops the server and closes its sockets.
+    Also runs the platform's deadline checker, so requeues, execution timeouts and expiries
+    happen at their deadline even when no request arrives, and its webhook sender.
+    Leaving the block stops the server and closes its sockets.
 
     Raises:
         OSError: if the address cannot be bound.
@@ -40,6 +41,7 @@ async def run_platform_server(
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(serve_asgi, platform, host, port)
         await nursery.start(platform.run_requeue_checker)
+        await nursery.start(platform.run_webhook_sender)
         try:
             yield _url(host, bound)
         finally:

@@ -32,13 +32,16 @@ default) never requeues.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 import trio
 
+from ._endpoint import Retention, status_object
 from ._records import (
     TERMINAL_STATUSES,
     Fault,
@@ -48,8 +51,12 @@ from ._records import (
     RecordedRequest,
     RequeueRecord,
 )
+from ._webhooks import WebhookSender
 
-_STATUSES = ("IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED")
+if TYPE_CHECKING:
+    from ._endpoint import Submission
+
+_STATUSES = ("IN_QUEUE", "IN_PROGRESS", "COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT")
 
 
 class _RawTake:
@@ -110,11 +117,18 @@ class PlatformState:
         endpoint_id: str,
         runsync_wait: float,
         record_requests: bool,
+        execution_timeout: float | None = None,
+        expire_results: bool = False,
+        max_finished: int | None = None,
     ) -> None:
         if take_hold < 0 or stop_hold < 0 or runsync_wait < 0:
             raise ValueError("hold times must not be negative")
         if requeue_after is not None and requeue_after <= 0:
             raise ValueError("requeue_after must be positive or None")
+        if execution_timeout is not None and execution_timeout <= 0:
+            raise ValueError("execution_timeout must be positive or None")
+        if max_finished is not None and max_finished < 0:
+            raise ValueError("max_finished must not be negative")
         self.api_key = api_key
         self.take_hold = take_hold
         self.stop_hold = stop_hold
@@ -122,6 +136,15 @@ class PlatformState:
         self.endpoint_id = endpoint_id
         self.runsync_wait = runsync_wait
         self.record_requests = record_requests
+        self.execution_timeout = execution_timeout
+        self.expire_results = expire_results
+        #: Webhook calls of finished jobs (sent while :meth:`run_webhook_sender` runs).
+        self.webhooks = WebhookSender()
+        self._retention = Retention(max_finished)
+        self._retains = expire_results or max_finished is not None
+        self._next_timer = math.inf  # earliest execution timeout or expiry
+        self._timeouts: list[tuple[float, str, int]] = []  # (deadline, job id, take number)
+        self._ping_total = 0
         #: Every request, in arrival order (unless ``record_requests=False``).
         self.requests: list[RecordedRequest] = []
         #: Every heartbeat received.
@@ -174,9 +197,17 @@ class PlatformState:
         }
 
     def enqueue(
-        self, input: object, *, job_id: str | None = None, extra: dict[str, object] | None = None
+        self,
+        input: object,
+        *,
+        job_id: str | None = None,
+        extra: dict[str, object] | None = None,
+        execution_timeout: float | None = None,
     ) -> str:
         """Queue a job and return its id; ``extra`` keys are added to the job object.
+
+        *execution_timeout* (seconds, default the platform's) bounds each take of the
+        job: past it the job is TIMED_OUT and its worker told to stop it.
 
         Raises:
             ValueError: if *job_id* is already in use.
@@ -186,10 +217,22 @@ class PlatformState:
         elif job_id in self._jobs:
             raise ValueError(f"job id {job_id!r} already exists")
         job = JobRecord(job_id, input, dict(extra or {}), enqueue_time=_now_or_none())
+        job.execution_timeout = execution_timeout or self.execution_timeout
         self._add_job(job)
         self._queue.append(job_id)
         self._queue_changed.unpark_all()
         return job_id
+
+    def submit(self, submission: Submission) -> JobRecord:
+        """Queue a checked ``/run``/``/runsync`` request (docs/protocol.md §4.1)."""
+        job_id = self.enqueue(
+            submission.input,
+            extra=submission.extra,
+            execution_timeout=submission.execution_timeout,
+        )
+        job = self._jobs[job_id]
+        job.result_ttl = submission.result_ttl
+        return job
 
     def enqueue_raw(self, payload: object, *, content_type: str = "application/json") -> None:
         """Queue a take answer to hand out verbatim, for malformed-input tests.
@@ -268,8 +311,8 @@ class PlatformState:
         removed = 0
         for entry in self._queue:
             if isinstance(entry, str):
-                job = self._jobs[entry]
-                if job.status == "IN_QUEUE":
+                job = self._jobs.get(entry)
+                if job is not None and job.status == "IN_QUEUE":
                     job.done_time = _now_or_none()
                     self._set_status(job, "CANCELLED")
                     removed += 1
@@ -285,6 +328,8 @@ class PlatformState:
             completed=counts["COMPLETED"],
             failed=counts["FAILED"],
             cancelled=counts["CANCELLED"],
+            timed_out=counts["TIMED_OUT"],
+            webhook_calls=len(self.webhooks.calls),
             requests=self._request_total,
             requests_by_route=dict(self._route_counts),
             takes_waiting=self._takes_waiting,
@@ -294,7 +339,7 @@ class PlatformState:
             requeues=self._requeue_total,
             unknown_job_reports=self._unknown_reports,
             late_progress_updates=self._late_progress,
-            pings=len(self.pings),
+            pings=self._ping_total,
             workers=dict(self._workers),
         )
 
@@ -310,6 +355,12 @@ class PlatformState:
                 return job
             await self.status_changed.park()
 
+    async def run_webhook_sender(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Send finished jobs' webhook calls (docs/protocol.md §4.1), until cancelled."""
+        await self.webhooks.run(task_status=task_status)
+
     async def wait_for_requests(self, route: str, count: int) -> None:
         """Wait until *count* requests of *route* (``"*"``: any) have arrived in total."""
         while self._count_requests(route) < count:
@@ -318,7 +369,7 @@ class PlatformState:
     async def run_requeue_checker(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Apply the requeue rule at its exact deadlines, until cancelled.
+        """Apply the requeue rule, execution timeouts and expiries at their exact deadlines.
 
         Optional: requests also check the rule. It sleeps in a cancel scope whose deadline
         is the earliest requeue deadline; a take that creates an earlier one moves that
@@ -328,8 +379,8 @@ class PlatformState:
         """
         task_status.started()
         while True:
-            self._check_requeue(trio.current_time())
-            with trio.CancelScope(deadline=self._next_requeue_check) as scope:
+            self._check_deadlines(trio.current_time())
+            with trio.CancelScope(deadline=self._next_deadline()) as scope:
                 self._checker_scope = scope
                 try:
                     await trio.sleep_forever()
@@ -357,7 +408,22 @@ class PlatformState:
         counts[job.status] -= 1
         counts[status] += 1
         job.status = status
+        if job.finished:
+            self._on_finished(job)
         self.status_changed.unpark_all()
+
+    def _on_finished(self, job: JobRecord) -> None:
+        """Start the job's retention clock and its webhook call."""
+        if self._retains:
+            now = _now_or_none() if self.expire_results else None
+            expires = now + job.result_ttl if now is not None else math.inf
+            for job_id in self._retention.add(job.id, expires):
+                self._forget(job_id)
+            self._timers_changed(self._retention.next_expiry())
+        if job.extra:
+            webhook = job.extra.get("webhook")
+            if isinstance(webhook, str):
+                self.webhooks.submit(job.id, webhook, encode_json(status_object(job)))
 
     def _record_request(self, request: RecordedRequest) -> None:
         if self.record_requests:
@@ -388,9 +454,9 @@ class PlatformState:
                 queue.popleft()
                 return self._hand_out_raw(head, worker)
             queue.popleft()
-            job = self._jobs[head]
-            if job.status != "IN_QUEUE":
-                continue  # cancelled or finished while queued
+            job = self._jobs.get(head)
+            if job is None or job.status != "IN_QUEUE":
+                continue  # cancelled or finished (and maybe forgotten) while queued
             jobs.append(job)
             if len(jobs) >= limit:
                 break
@@ -424,8 +490,10 @@ class PlatformState:
         self._workers[worker] = now
         if self.requeue_after is not None and now + self.requeue_after < self._next_requeue_check:
             self._next_requeue_check = now + self.requeue_after
-            if self._checker_scope is not None:
-                self._checker_scope.deadline = self._next_requeue_check
+            self._move_checker(self._next_requeue_check)
+        if job.execution_timeout is not None:
+            heapq.heappush(self._timeouts, (now + job.execution_timeout, job.id, job.takes))
+            self._timers_changed(self._timeouts[0][0])
         self._set_status(job, "IN_PROGRESS")
         if job.id in self._stops:
             self._stops_changed.unpark_all()
@@ -448,6 +516,52 @@ class PlatformState:
         self._queue.appendleft(job.id)
         self._queue_changed.unpark_all()
 
+    def _next_deadline(self) -> float:
+        """When the checker must next look: a requeue, a timeout or an expiry."""
+        timeout = self._timeouts[0][0] if self._timeouts else math.inf
+        return min(self._next_requeue_check, timeout, self._retention.next_expiry())
+
+    def _timers_changed(self, deadline: float) -> None:
+        """A timeout or expiry at *deadline* now exists: requests and the checker see it."""
+        self._next_timer = min(self._next_timer, deadline)
+        self._move_checker(deadline)
+
+    def _move_checker(self, deadline: float) -> None:
+        scope = self._checker_scope
+        if scope is not None and deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def _check_deadlines(self, now: float) -> None:
+        """Apply every time rule that is due: requeues, execution timeouts, expiries."""
+        self._check_requeue(now)
+        if now < self._next_timer:
+            return  # the common case: one comparison per request
+        self._next_timer = math.inf
+        timeouts = self._timeouts
+        while timeouts and timeouts[0][0] <= now:
+            _, job_id, take = heapq.heappop(timeouts)
+            job = self._jobs.get(job_id)
+            if job is not None and job.status == "IN_PROGRESS" and job.takes == take:
+                self._time_out(job, now)
+        for job_id in self._retention.due(now):
+            self._forget(job_id)
+        self._next_timer = min(self._next_deadline(), self._next_timer)
+
+    def _time_out(self, job: JobRecord, now: float) -> None:
+        """Fail a job past its execution timeout and tell its worker to stop it."""
+        if job.taken_by is not None:
+            self._stops[job.id] = job.taken_by
+            job.stop_requested = True
+            self._stops_changed.unpark_all()
+        self.held.pop(job.id, None)
+        self._last_listed.pop(job.id, None)
+        job.done_time = now
+        self._set_status(job, "TIMED_OUT")
+
+    def _forget(self, job_id: str) -> None:
+        """Drop a finished job past its retention: ``/status`` answers 404 from now on."""
+        self._jobs.pop(job_id, None)
+
     def _check_requeue(self, now: float) -> None:
         """Apply the requeue rule of the module docstring (cheap when nothing is due)."""
         requeue_after = self.requeue_after
@@ -465,7 +579,9 @@ class PlatformState:
 
     def _record_ping(self, worker: str, job_ids: tuple[str, ...], query: dict[str, str]) -> None:
         now = trio.current_time()
-        self.pings.append(PingRecord(now, worker, job_ids, query))
+        self._ping_total += 1
+        if self.record_requests:
+            self.pings.append(PingRecord(now, worker, job_ids, query))
         self._workers[worker] = now
         for job_id in job_ids:
             job = self.held.get(job_id)
