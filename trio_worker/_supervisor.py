@@ -131,6 +131,7 @@ class Supervisor:
         self._stop_scope = trio.CancelScope()
         self._init_scope = trio.CancelScope()
         self._grace_scope = trio.CancelScope()
+        self._watch_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._jobs: trio.Nursery | None = None
 
@@ -157,6 +158,7 @@ class Supervisor:
             nursery.start_soon(self._take_task, send)
             nursery.start_soon(self._run_task, receive)
             nursery.start_soon(self._stop_task)
+            nursery.start_soon(self._cut_reports_if_cancelled)
         if self.failure is not None:
             await self._claim_one_to_fail()
             raise InitializationError(self.failure)
@@ -169,6 +171,7 @@ class Supervisor:
         self._enter(PhaseEvent.DRAIN)
         now = trio.current_time()
         self.driver.begin_shutdown(now + self.timings.shutdown_grace)
+        self.delivery.cut(now + self.timings.shutdown_grace)
         self._shorten_take(now + min(self.timings.take_drain, self.timings.shutdown_grace))
         self._idle_scope.cancel()
         self._stop_scope.cancel()
@@ -224,6 +227,7 @@ class Supervisor:
             failure, self.runner.identity, self.settings.redactor
         )
         self._claim_deadline = failure.failed_at + self.timings.claim_grace
+        self.delivery.cut(failure.failed_at)
         self._shorten_take(self._claim_deadline)
         self._enter(PhaseEvent.INIT_FAIL)
         assert self._nursery is not None
@@ -329,6 +333,7 @@ class Supervisor:
         finally:
             receive.close()
             self._grace_scope.cancel()
+            self._watch_scope.cancel()
 
     async def _claim_one_to_fail(self) -> None:
         """No job was ever held: take one, so the request that scaled us up learns why."""
@@ -340,6 +345,17 @@ class Supervisor:
             await self._take_once(1)
         except (PlatformError, TransportError) as exc:
             log.error("could not claim a request to report the init failure: %s", exc)
+
+    async def _cut_reports_if_cancelled(self) -> None:
+        """A cancellation of the whole (init failure, serve() cancelled, a second SIGINT)
+        would otherwise wait out every shielded report's budget: cut them instead. Ends
+        with the run task, when no report is left."""
+        with self._watch_scope:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not self._watch_scope.cancel_called:
+                    self.delivery.cut(trio.current_time())
 
     async def _expire_grace(self) -> None:
         with self._grace_scope:
