@@ -116,8 +116,8 @@ class PlatformChunks:
 
     async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
         url = self.settings.platform.stream_url(job_id)
-        # A stream whose budget is spent still gives each chunk one attempt: the platform
-        # may be back.
+        # A stream whose budget is spent still gives each chunk one attempt's timeout: the
+        # platform may be back.
         once = trio.current_time() + self.settings.timings.report_attempt_bound(len(body))
         outcome = ReportOutcome()
         with trio.move_on_at(max(retry_until, once)):

@@ -237,6 +237,7 @@ class FakePlatform(PlatformState):
             headers = [
                 (b"content-type", response.content_type),
                 (b"content-length", str(len(body)).encode()),
+                *response.headers,
             ]
         try:
             await send(
