@@ -179,9 +179,16 @@ class Delivery:
         try:
             with progress.scope:
                 while update is not None:
+                    outcome = ReportOutcome()
                     with trio.move_on_after(self.timings.report_budget):
                         await self.client.post_report(
-                            url, update, job_id=job_id, superseded=superseded
+                            url, update, job_id=job_id, outcome=outcome, superseded=superseded
+                        )
+                    if not outcome.delivered and progress.pending is None:
+                        log.warning(
+                            "progress update for job %s not delivered: %s",
+                            job_id,
+                            outcome.last_error or "no attempt made",
                         )
                     update, progress.pending = progress.pending, None
         finally:
