@@ -105,11 +105,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_platform/_client.py",
-                "                if 200 <= status < 300:\n"
-                "                    return ReportOutcome(True, attempt + 1)",
-                "                if 200 <= status < 300:\n"
-                '                    await self._reports.request("POST", url, body)\n'
-                "                    return ReportOutcome(True, attempt + 1)",
+                "        if 200 <= status < 300:\n"
+                "            outcome.delivered, outcome.last_error = True, None",
+                "        if 200 <= status < 300:\n"
+                '            await self._reports.request("POST", url, body)\n'
+                "            outcome.delivered, outcome.last_error = True, None",
             ),
         ),
     ),
