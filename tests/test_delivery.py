@@ -362,6 +362,24 @@ async def test_progress_updates_one_at_a_time_the_newest_winning(
     assert job.late_progress == []
 
 
+async def test_updates_made_just_before_the_result_still_go_out_first(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    platform = FakePlatform()
+
+    async def handler(job: dict[str, Any]) -> Any:
+        trio_worker.progress_update(job, 1)
+        trio_worker.progress_update(job, 2)
+        return "done"
+
+    async with running(platform, handler):
+        platform.inject(Fault("done", delay=0.5))  # the first update is still in flight
+        job_id = platform.enqueue({})
+        job = await finished(platform, job_id, "COMPLETED")
+    assert job.progress == [1, 2]
+    assert job.late_progress == []
+
+
 # -- results the platform refuses for good -------------------------------------------------
 
 

@@ -197,11 +197,11 @@ class Delivery:
                 del self._progress[job_id]
 
     async def _quiet_progress(self, job_id: str) -> None:
-        """Let the job's progress post in flight end, for at most ``progress_bound``."""
+        """Let the job's progress posts (the one in flight, and the newest waiting) go out,
+        for at most ``progress_bound``; no new one is accepted meanwhile."""
         progress = self._progress.get(job_id)
         if progress is None:
             return
-        progress.pending = None
         bound = self.timings.progress_bound
         with trio.move_on_after(bound):
             await progress.idle.wait()
@@ -212,6 +212,7 @@ class Delivery:
                 job_id,
                 bound,
             )
+            progress.pending = None
             progress.scope.cancel()
             # Unwinding closes its connection at once; bounded all the same.
             with trio.move_on_after(bound):
