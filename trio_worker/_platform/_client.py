@@ -229,9 +229,11 @@ class PlatformClient:
         )
         if outcome.retry_after is None:
             return delay
-        # Wait as asked, but leave time for one more attempt before the budget ends.
+        # Wait as asked (never less than the backoff: "Retry-After: 0" must not make a hot
+        # loop of a budget with no attempt limit), but leave time for one more attempt
+        # before the budget ends.
         remaining = trio.current_effective_deadline() - trio.current_time()
-        return max(0.0, min(outcome.retry_after, remaining - bound))
+        return max(0.0, min(max(outcome.retry_after, delay), remaining - bound))
 
 
 @dataclass
