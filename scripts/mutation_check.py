@@ -77,12 +77,12 @@ class Mutation:
 MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "report-shield-removed",
-        "_delivery.py deliver: move_on_after(report_deadline, shield=True) loses its shield",
+        "_delivery.py deliver: the report's CancelScope(shield=True) loses its shield",
         (
             Patch(
                 "trio_worker/_delivery.py",
-                "with trio.move_on_after(self.timings.report_deadline, shield=True):",
-                "with trio.move_on_after(self.timings.report_deadline):",
+                "with trio.CancelScope(shield=True, deadline=self._deadline(started)) as scope:",
+                "with trio.CancelScope(deadline=self._deadline(started)) as scope:",
             ),
         ),
     ),
@@ -105,11 +105,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_platform/_client.py",
-                "                if 200 <= status < 300:\n"
-                "                    return ReportOutcome(True, attempt + 1)",
-                "                if 200 <= status < 300:\n"
-                '                    await self._reports.request("POST", url, body)\n'
-                "                    return ReportOutcome(True, attempt + 1)",
+                "        if 200 <= status < 300:\n"
+                "            outcome.delivered, outcome.last_error = True, None",
+                "        if 200 <= status < 300:\n"
+                '            await self._reports.request("POST", url, body)\n'
+                "            outcome.delivered, outcome.last_error = True, None",
             ),
         ),
     ),
@@ -174,12 +174,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "report-not-retried",
-        "_platform.py post_report: one attempt only, whatever report_attempts says",
+        "_platform.py post_report: one attempt only, whatever the budget allows",
         (
             Patch(
                 "trio_worker/_platform/_client.py",
-                "attempts = self.timings.report_attempts",
-                "attempts = 1",
+                "if outcome.delivered or (status is not None and not _retryable(status)):",
+                "if True:",
             ),
         ),
         required=False,

@@ -486,7 +486,6 @@ def test_timings_defaults_are_valid_and_positive() -> None:
     timings = Timings()
     for name in TIMING_FIELDS:
         assert getattr(timings, name) > 0, name
-    assert timings.report_attempts >= 1
     assert Timings(shutdown_grace=5.0).shutdown_grace == 5.0
 
 
@@ -502,10 +501,11 @@ def test_timings_reject_non_numbers_naming_the_field(name: str) -> None:
         Timings(**{name: "5"})  # type: ignore[arg-type]
 
 
-WHOLE_COUNTS = ("report_attempts", "stop_memory_size")
+WHOLE_COUNTS = ("stop_memory_size",)
+POSITIVE = ("report_min_rate",)  # a rate: zero would make every attempt's timeout infinite
 
 
-@pytest.mark.parametrize("name", [n for n in TIMING_FIELDS if n not in WHOLE_COUNTS])
+@pytest.mark.parametrize("name", [n for n in TIMING_FIELDS if n not in WHOLE_COUNTS + POSITIVE])
 def test_timings_accept_zero(name: str) -> None:
     assert getattr(Timings(**{name: 0}), name) == 0
 
@@ -529,9 +529,10 @@ def test_timings_reject_nan() -> None:
         Timings(report_deadline=math.nan)
 
 
-def test_timings_reject_fractional_report_attempts() -> None:
-    with pytest.raises(ConfigurationError, match="report_attempts"):
-        Timings(report_attempts=2.5)  # type: ignore[arg-type]
+def test_timings_report_min_rate_must_be_positive() -> None:
+    with pytest.raises(ConfigurationError, match="report_min_rate"):
+        Timings(report_min_rate=0)
+    assert Timings(report_min_rate=0.5).report_attempt_bound(1) == 10.0 + 2.0
 
 
 # --- Settings -----------------------------------------------------------------------------

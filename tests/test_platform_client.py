@@ -5,12 +5,16 @@ See docs/protocol.md §2 and docs/design.md §5."""
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import itertools
 import json
 import logging
+import math
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import httpx
 import pytest
@@ -38,7 +42,7 @@ WIRING = {
 }
 DONE_URL = f"{H}/job-done/w1/j1?gpu=A100&isStream=false"
 
-Reply = httpx.Response | BaseException
+Reply: TypeAlias = "httpx.Response | BaseException | Hang"
 Responder = Callable[[httpx.Request], Awaitable[Reply]]
 
 
@@ -65,6 +69,9 @@ class FakePlatform:
         reply = self.replies[index] if self.replies else httpx.Response(204)
         if isinstance(reply, BaseException):
             raise reply
+        if isinstance(reply, Hang):
+            await trio.sleep(reply.seconds)
+            return reply.then
         return reply
 
     @property
@@ -256,12 +263,30 @@ async def test_empty_key_is_sent_as_an_empty_header() -> None:
 # --- post_report --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Hang:
+    """A reply that answers *then* after *seconds* (a hung or slow connection)."""
+
+    seconds: float
+    then: httpx.Response = field(default_factory=lambda: httpx.Response(200))
+
+
+async def post_within(
+    client: PlatformClient, budget: float, body: bytes = b"{}", job_id: str = "j1"
+) -> ReportOutcome:
+    """post_report as Delivery runs it: under a cancel scope that is the budget."""
+    outcome = ReportOutcome()
+    with trio.move_on_after(budget):
+        await client.post_report(DONE_URL, body, job_id=job_id, outcome=outcome)
+    return outcome
+
+
 async def test_report_delivered_on_200_with_the_body_verbatim() -> None:
     body = json.dumps({"output": {"text": "caf\u00e9 \u4e2d"}}, ensure_ascii=False).encode()
     fake = FakePlatform([httpx.Response(200, text="ok")])
     async with client_for(fake) as client:
         outcome = await client.post_report(DONE_URL, body, job_id="j1")
-    assert outcome == ReportOutcome(delivered=True, attempts=1, last_error=None)
+    assert outcome == ReportOutcome(delivered=True, attempts=1, last_error=None, status=200)
     [seen] = fake.seen
     assert seen.request.method == "POST"
     assert str(seen.request.url) == DONE_URL
@@ -307,7 +332,7 @@ async def test_report_retries_transient_failures_then_delivers(
     failure: Reply, autojump_clock: trio.testing.MockClock, max_backoff: None
 ) -> None:
     fake = FakePlatform([failure, failure, httpx.Response(200)])
-    async with client_for(fake, Timings(report_attempts=5, error_backoff_min=0.1)) as client:
+    async with client_for(fake, Timings(error_backoff_min=0.1)) as client:
         start = trio.current_time()
         outcome = await client.post_report(DONE_URL, b'{"output": 1}', job_id="j1")
     assert outcome.delivered
@@ -319,47 +344,44 @@ async def test_report_retries_transient_failures_then_delivers(
     assert trio.current_time() - start == pytest.approx(0.3)
 
 
-async def test_report_gives_up_after_report_attempts(
+async def test_report_retries_until_the_callers_budget_ends(
     autojump_clock: trio.testing.MockClock, max_backoff: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trio_worker")
     fake = FakePlatform([httpx.Response(503)])
-    timings = Timings(report_attempts=7, error_backoff_min=0.1)
-    async with client_for(fake, timings) as client:
-        outcome = await client.post_report(DONE_URL, b"{}", job_id="job-xyz")
-        end = trio.current_time()
-    assert outcome.delivered is False
-    assert outcome.attempts == 7
-    assert outcome.last_error == "HTTP 503"
-    assert len(fake.seen) == 7
-    # Doubling from error_backoff_min, capped at 2 s; no wait after the last attempt.
-    assert fake.gaps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6, 2.0])
-    assert end == pytest.approx(fake.times[-1])
+    async with client_for(fake, Timings(error_backoff_min=0.1)) as client:
+        outcome = await post_within(client, 5.0, job_id="job-xyz")
+    # No attempt limit: doubling from error_backoff_min, capped at 2 s, until the scope ends.
+    assert fake.gaps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.6])
+    assert outcome == ReportOutcome(False, 6, "HTTP 503", status=503)
+    # Attempts 1, 2 and 4 are logged: an outage of minutes is not a line a second.
     retries = [r for r in caplog.records if "job-xyz" in r.getMessage()]
-    assert len(retries) == 6
+    assert [r.getMessage().split("attempt ")[1][0] for r in retries] == ["1", "2", "4"]
+
+
+async def test_report_outlasts_a_long_outage(
+    autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    failures: list[Reply] = [httpx.ConnectError("connection refused")] * 150
+    fake = FakePlatform([*failures, httpx.Response(200)])
+    async with client_for(fake) as client:
+        outcome = await post_within(client, 300.0)
+    assert outcome.delivered
+    assert outcome.attempts == 151
 
 
 async def test_report_gives_up_on_connect_errors_with_the_error_named(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     fake = FakePlatform([httpx.ConnectError("connection refused")])
-    async with client_for(fake, Timings(report_attempts=3)) as client:
-        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    async with client_for(fake) as client:
+        outcome = await post_within(client, 3.0)
     assert outcome.delivered is False
-    assert outcome.attempts == 3
+    assert outcome.attempts >= 3
+    assert outcome.status is None
     assert outcome.last_error is not None
     assert "ConnectError" in outcome.last_error
     assert "connection refused" in outcome.last_error
-
-
-async def test_one_attempt_means_no_retry(autojump_clock: trio.testing.MockClock) -> None:
-    fake = FakePlatform([httpx.Response(500)])
-    async with client_for(fake, Timings(report_attempts=1)) as client:
-        start = trio.current_time()
-        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
-    assert outcome == ReportOutcome(False, 1, "HTTP 500")
-    assert len(fake.seen) == 1
-    assert trio.current_time() == start
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422, 301])
@@ -367,31 +389,84 @@ async def test_report_does_not_retry_permanent_errors(
     status: int, autojump_clock: trio.testing.MockClock
 ) -> None:
     fake = FakePlatform([httpx.Response(status), httpx.Response(200)])
-    async with client_for(fake, Timings(report_attempts=5)) as client:
+    async with client_for(fake) as client:
         start = trio.current_time()
         outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
-    assert outcome == ReportOutcome(delivered=False, attempts=1, last_error=f"HTTP {status}")
+    assert outcome == ReportOutcome(False, 1, f"HTTP {status}", status=status)
     assert len(fake.seen) == 1
     assert trio.current_time() == start
 
 
-@pytest.mark.parametrize(("header", "wait"), [("3", 3.0), ("0", 0.0), ("1000", 60.0)])
-async def test_report_429_waits_retry_after(
-    header: str, wait: float, autojump_clock: trio.testing.MockClock, max_backoff: None
+@pytest.mark.parametrize(
+    ("status", "header", "wait"),
+    [
+        (429, "3", 3.0),
+        (429, "12", 12.0),
+        (503, "120", 120.0),
+        (429, "1000", 1000.0),
+    ],
+)
+async def test_report_waits_retry_after_without_a_cap_of_its_own(
+    status: int, header: str, wait: float, autojump_clock: trio.testing.MockClock
 ) -> None:
-    fake = FakePlatform([httpx.Response(429, headers={"Retry-After": header}), httpx.Response(200)])
-    async with client_for(fake, Timings(report_attempts=3)) as client:
+    asked = httpx.Response(status, headers={"Retry-After": header})
+    fake = FakePlatform([asked, httpx.Response(200)])
+    async with client_for(fake) as client:
         outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
-    # Only the status matters: a 200 whose body cannot be decoded is still an ack.
     assert outcome.delivered
     assert fake.gaps == pytest.approx([wait])
+
+
+async def test_retry_after_zero_still_waits_the_backoff(
+    autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    asked = httpx.Response(503, headers={"Retry-After": "0"})
+    fake = FakePlatform([asked, asked, asked, httpx.Response(200)])
+    async with client_for(fake, Timings(error_backoff_min=0.5)) as client:
+        outcome = await post_within(client, 300.0)
+    assert outcome.delivered
+    assert fake.gaps == pytest.approx([0.5, 1.0, 2.0])
+
+
+async def test_retry_after_is_honoured_within_the_remaining_budget(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 1000 s asked, 300 s of budget: the last attempt still fits, one attempt's bound early.
+    asked = httpx.Response(429, headers={"Retry-After": "1000"})
+    fake = FakePlatform([asked, httpx.Response(200)])
+    async with client_for(fake, Timings(report_attempt_timeout=10.0)) as client:
+        outcome = await post_within(client, 300.0)
+    assert outcome.delivered
+    assert fake.gaps == pytest.approx([300.0 - 10.0 - 2 / (1024 * 1024)])
+
+
+async def test_retry_after_as_an_http_date(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0)
+    date = email.utils.formatdate(1_700_000_000.0 + 42, usegmt=True)
+    fake = FakePlatform([httpx.Response(503, headers={"Retry-After": date}), httpx.Response(200)])
+    async with client_for(fake) as client:
+        outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert outcome.delivered
+    assert fake.gaps == pytest.approx([42.0])
+
+
+@pytest.mark.parametrize("header", ["soon", "-5", "nan", "inf", "Mon, 99 Foo 2024"])
+async def test_unreadable_retry_after_falls_back_to_the_backoff(
+    header: str, autojump_clock: trio.testing.MockClock, max_backoff: None
+) -> None:
+    fake = FakePlatform([httpx.Response(429, headers={"Retry-After": header}), httpx.Response(200)])
+    async with client_for(fake, Timings(error_backoff_min=0.25)) as client:
+        await client.post_report(DONE_URL, b"{}", job_id="j1")
+    assert fake.gaps == pytest.approx([0.25])
 
 
 async def test_report_429_without_retry_after_uses_the_backoff(
     autojump_clock: trio.testing.MockClock, max_backoff: None
 ) -> None:
     fake = FakePlatform([httpx.Response(429), httpx.Response(200)])
-    async with client_for(fake, Timings(report_attempts=3, error_backoff_min=0.25)) as client:
+    async with client_for(fake, Timings(error_backoff_min=0.25)) as client:
         await client.post_report(DONE_URL, b"{}", job_id="j1")
     assert fake.gaps == pytest.approx([0.25])
 
@@ -400,11 +475,12 @@ async def test_report_retry_delays_are_jittered_within_the_bound(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     random.seed(1234)
-    fake = FakePlatform([httpx.Response(502)])
-    async with client_for(fake, Timings(report_attempts=6, error_backoff_min=0.5)) as client:
+    replies: list[Reply] = [*[httpx.Response(502)] * 6, httpx.Response(200)]
+    fake = FakePlatform(replies)
+    async with client_for(fake, Timings(error_backoff_min=0.5)) as client:
         await client.post_report(DONE_URL, b"{}", job_id="j1")
-    bounds = [min(2.0, 0.5 * 2**k) for k in range(5)]
-    assert len(fake.gaps) == 5
+    bounds = [min(2.0, 0.5 * 2**k) for k in range(6)]
+    assert len(fake.gaps) == 6
     for gap, bound in zip(fake.gaps, bounds, strict=True):
         assert 0.0 <= gap <= bound + 1e-9
     assert sum(fake.gaps) > 0
@@ -413,14 +489,74 @@ async def test_report_retry_delays_are_jittered_within_the_bound(
 async def test_report_deadline_is_the_callers_scope(
     autojump_clock: trio.testing.MockClock, max_backoff: None
 ) -> None:
-    # The retry loop counts attempts; a cancel scope around it bounds the time.
     fake = FakePlatform([httpx.Response(503)])
-    async with client_for(fake, Timings(report_attempts=50, error_backoff_min=1.0)) as client:
+    async with client_for(fake, Timings(error_backoff_min=1.0)) as client:
         with trio.move_on_after(4.5) as scope:
             await client.post_report(DONE_URL, b"{}", job_id="j1")
     assert scope.cancelled_caught
     assert fake.times[-1] - fake.times[0] <= 4.5
     assert len(fake.seen) == 3  # at 0, 1, 3 (the next is due at 5)
+
+
+async def test_a_hung_attempt_costs_one_attempt_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakePlatform([Hang(math.inf), httpx.Response(200)])
+    async with client_for(fake, Timings(report_attempt_timeout=10.0)) as client:
+        outcome = await post_within(client, 300.0)
+    assert outcome.delivered
+    assert outcome.attempts == 2
+    assert 10.0 <= fake.gaps[0] <= 10.0 + 2.0  # the attempt's bound, then one backoff
+
+
+@pytest.mark.parametrize(("size", "attempts"), [(1024, 2), (3 * 1024 * 1024, 1)])
+async def test_the_attempt_timeout_grows_with_the_body(
+    size: int, attempts: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    # A platform taking 12 s to answer: 10 s + 1 KiB at 1 MiB/s is too short, 10 s + 3 s
+    # for 3 MiB is not.
+    fake = FakePlatform([Hang(12.0), httpx.Response(200)])
+    timings = Timings(report_attempt_timeout=10.0, report_min_rate=1024 * 1024)
+    async with client_for(fake, timings) as client:
+        outcome = await post_within(client, 300.0, body=b"x" * size)
+    assert outcome.delivered
+    assert outcome.attempts == attempts
+    assert len(fake.seen) == attempts
+
+
+async def test_a_timed_out_attempt_is_named(autojump_clock: trio.testing.MockClock) -> None:
+    fake = FakePlatform([Hang(math.inf)])
+    async with client_for(fake, Timings(report_attempt_timeout=4.0)) as client:
+        outcome = await post_within(client, 6.0)
+    assert not outcome.delivered
+    assert outcome.last_error is not None
+    assert "no answer within 4.0s" in outcome.last_error
+
+
+async def test_a_superseded_report_stops_retrying(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fake = FakePlatform([httpx.Response(503)])
+    newer = False
+
+    def superseded() -> bool:
+        return newer
+
+    async with client_for(fake) as client:
+        outcome = ReportOutcome()
+        async with trio.open_nursery() as nursery:
+
+            async def post() -> None:
+                await client.post_report(
+                    DONE_URL, b"{}", job_id="j1", outcome=outcome, superseded=superseded
+                )
+
+            nursery.start_soon(post)
+            await trio.sleep(1.0)
+            newer = True
+    assert not outcome.delivered
+    assert outcome.last_error is not None
+    assert "superseded" in outcome.last_error
 
 
 async def test_report_with_undecodable_response_body_does_not_raise() -> None:
@@ -432,6 +568,10 @@ async def test_report_with_undecodable_response_body_does_not_raise() -> None:
         outcome = await client.post_report(DONE_URL, b"{}", job_id="j1")
     # Only the status matters: a 200 whose body cannot be decoded is still an ack.
     assert outcome.delivered
+
+
+def test_backoff_delay_never_overflows() -> None:
+    assert 0.0 <= backoff_delay(100_000, 0.1, 2.0) <= 2.0
 
 
 @pytest.mark.parametrize("attempt", range(8))
@@ -524,8 +664,9 @@ async def test_aclose_closes_both_clients() -> None:
 async def test_report_backoff_is_capped_by_report_backoff_max(
     autojump_clock: trio.testing.MockClock, max_backoff: None
 ) -> None:
-    fake = FakePlatform([httpx.Response(503)])
-    timings = Timings(report_attempts=5, error_backoff_min=0.1, report_backoff_max=0.3)
+    replies: list[Reply] = [*[httpx.Response(503)] * 4, httpx.Response(200)]
+    fake = FakePlatform(replies)
+    timings = Timings(error_backoff_min=0.1, report_backoff_max=0.3)
     async with client_for(fake, timings) as client:
         await client.post_report(DONE_URL, b"{}", job_id="j1")
     assert fake.gaps == pytest.approx([0.1, 0.2, 0.3, 0.3])

@@ -21,8 +21,9 @@ class ListChunks:
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    async def send_chunk(self, job_id: str, body: bytes) -> None:
+    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
         self.bodies.append(body)
+        return True
 
 
 def runner(handler: Any, chunks: ListChunks, **options: Any) -> JobRunner:

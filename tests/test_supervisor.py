@@ -46,7 +46,9 @@ class Harness:
     async def start(
         self, nursery: trio.Nursery, handler: Handler, **kwargs: Any
     ) -> trio_worker.WorkerHandle:
-        kwargs.setdefault("timings", trio_worker.Timings(claim_grace=3.0, report_deadline=2.0))
+        kwargs.setdefault(
+            "timings", trio_worker.Timings(claim_grace=3.0, report_deadline=2.0, report_budget=2.0)
+        )
         observers = [self._observe, *kwargs.pop("observers", ())]
 
         async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:

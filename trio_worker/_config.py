@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 DEFAULT_PING_INTERVAL_MS = 10_000
 DEFAULT_TAKE_POLL_BOUND = 90.0  # client bound on one take long-poll, as the reference
 DEFAULT_STOP_POLL_BOUND = 90.0
-DEFAULT_REPORT_DEADLINE = 10.0  # one report, all its retries included
-DEFAULT_REPORT_ATTEMPTS = 6
+# Once the worker stops (init failed, or shutdown_grace over), a report still gets this long.
+DEFAULT_REPORT_DEADLINE = 10.0
 DEFAULT_CLAIM_GRACE = 10.0  # the reference's init claim bound (docs/protocol.md §5.1)
 DEFAULT_SHUTDOWN_GRACE = 20.0
 # On shutdown a take in flight gets this long to answer before its deadline cuts it: a job
@@ -64,6 +64,14 @@ DEFAULT_EXIT_FLUSH_WATCHDOG = 5.0  # flushing logs at exit; os._exit follows reg
 # or the event loop does, unless reports are still being delivered (docs/design.md §9).
 DEFAULT_EXIT_WATCHDOG = 5.0
 DEFAULT_LOGS_TAIL_CHARS = 16 * 1024
+# Delivery (docs/design.md §5): a result is retried this long before it is given up, so a
+# platform outage shorter than it loses nothing.
+DEFAULT_REPORT_BUDGET = 300.0
+# One attempt's timeout: this base plus the body's size at the slowest link we still serve.
+DEFAULT_REPORT_ATTEMPT_TIMEOUT = 10.0
+DEFAULT_REPORT_MIN_RATE = 1024.0 * 1024.0  # bytes per second
+# How long a final report waits for the job's progress posts in flight before cutting them.
+DEFAULT_PROGRESS_BOUND = 2.0
 DEFAULT_API_HOST = "localhost"
 DEFAULT_API_PORT = 8000
 # Bounds on what the network can make the worker hold (docs/protocol.md §2.0).
@@ -99,7 +107,6 @@ class Timings:
     take_poll_bound: float = DEFAULT_TAKE_POLL_BOUND
     stop_poll_bound: float = DEFAULT_STOP_POLL_BOUND
     report_deadline: float = DEFAULT_REPORT_DEADLINE
-    report_attempts: int = DEFAULT_REPORT_ATTEMPTS
     claim_grace: float = DEFAULT_CLAIM_GRACE
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     take_drain: float = DEFAULT_TAKE_DRAIN
@@ -114,6 +121,10 @@ class Timings:
     sync_close_bound: float = DEFAULT_SYNC_CLOSE_BOUND
     exit_flush_watchdog: float = DEFAULT_EXIT_FLUSH_WATCHDOG
     exit_watchdog: float = DEFAULT_EXIT_WATCHDOG
+    report_budget: float = DEFAULT_REPORT_BUDGET
+    report_attempt_timeout: float = DEFAULT_REPORT_ATTEMPT_TIMEOUT
+    report_min_rate: float = DEFAULT_REPORT_MIN_RATE
+    progress_bound: float = DEFAULT_PROGRESS_BOUND
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -122,10 +133,19 @@ class Timings:
                 raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
             if math.isnan(value) or value < 0:
                 raise ConfigurationError(f"{field.name} must be a number >= 0, got {value!r}")
-        for name in ("report_attempts", "stop_memory_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not isinstance(self.stop_memory_size, int) or self.stop_memory_size < 1:
+            raise ConfigurationError(
+                f"stop_memory_size must be a whole number >= 1, got {self.stop_memory_size!r}"
+            )
+        if self.report_min_rate <= 0:
+            raise ConfigurationError(
+                f"report_min_rate must be a number > 0, got {self.report_min_rate!r}"
+            )
+
+    def report_attempt_bound(self, size: int) -> float:
+        """One attempt's timeout for a body of *size* bytes: a hung connection costs this
+        much of the budget, and a large body on a slow link still gets through."""
+        return self.report_attempt_timeout + size / self.report_min_rate
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,6 +141,13 @@ class JobDriver:
     # -- one job's task -------------------------------------------------------------------
 
     async def job_task(self, job: HeldJob) -> None:
+        try:
+            await self._run_and_report(job)
+        finally:
+            # Stopped, released or reported: no progress update of the job may go on.
+            self.delivery.discard(job.id)
+
+    async def _run_and_report(self, job: HeldJob) -> None:
         report: Report | None = None
         try:
             with self._scopes[job.id]:

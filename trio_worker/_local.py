@@ -47,10 +47,11 @@ def _print(text: str) -> None:
 class StdoutChunks:
     """The local stand-in for the job-stream route: each chunk as ``{"stream": chunk}``."""
 
-    async def send_chunk(self, job_id: str, body: bytes) -> None:
+    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
         # The body is what the platform would get, {"output": chunk}, already encoded and
         # checked; only its key changes for the terminal.
         _print(json.dumps({"stream": json.loads(body)["output"]}))
+        return True
 
 
 def _init_failure_text(failure: InitFailure, settings: Settings) -> str:

@@ -20,6 +20,7 @@ from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
 from ._compat import clear_reference_debugger
 from ._errors import (
+    MAX_ERROR_BODY_BYTES,
     WorkerIdentity,
     clip,
     encode_body,
@@ -39,6 +40,7 @@ from ._handlers import (
     handler_kind,
     is_cancellation,
 )
+from ._platform._client import PlatformClient, ReportOutcome
 from ._results import (
     ResultEncodingError,
     encode_result,
@@ -55,13 +57,16 @@ if TYPE_CHECKING:
     from ._config import Settings
     from ._lifecycle import HeldJob
     from ._options import WorkerOptions
-    from ._platform._client import PlatformClient
 
 log = logging.getLogger("trio_worker")
 
 # Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
 # an unbounded backlog in memory.
 STREAM_PIPELINE_DEPTH = 64
+# A final report names at most this many undelivered chunks (and always their count).
+MAX_LISTED_CHUNKS = 1000
+# Room kept in an error body for "stopPod": true, added after the note on lost chunks.
+_STOP_POD_ROOM = 32
 
 
 @dataclass(frozen=True)
@@ -102,24 +107,37 @@ current_progress: contextvars.ContextVar[ProgressTarget | None] = contextvars.Co
 
 
 class ChunkSink(Protocol):
-    """Where a streaming job's chunks go, in order: the platform, or stdout in local mode."""
+    """Where a streaming job's chunks go, in order: the platform, or stdout in local mode.
 
-    async def send_chunk(self, job_id: str, body: bytes) -> None: ...
+    ``send_chunk`` tries until *retry_until* (trio time; at least one attempt) and says
+    whether the chunk was delivered."""
+
+    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool: ...
 
 
 class PlatformChunks:
-    """Posts each chunk to the job-stream route, retried, within the report deadline."""
+    """Posts each chunk to the job-stream route, retried until *retry_until*."""
 
     def __init__(self, client: PlatformClient, settings: Settings) -> None:
         self.client = client
         self.settings = settings
 
-    async def send_chunk(self, job_id: str, body: bytes) -> None:
+    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
         url = self.settings.platform.stream_url(job_id)
-        with trio.move_on_after(self.settings.timings.report_deadline):
-            outcome = await self.client.post_report(url, body, job_id=job_id)
-            if not outcome.delivered:
-                log.error("stream chunk for job %s not delivered: %s", job_id, outcome.last_error)
+        # A stream whose budget is spent still gives each chunk one attempt's timeout: the
+        # platform may be back.
+        once = trio.current_time() + self.settings.timings.report_attempt_bound(len(body))
+        outcome = ReportOutcome()
+        with trio.move_on_at(max(retry_until, once)):
+            await self.client.post_report(url, body, job_id=job_id, outcome=outcome)
+        if not outcome.delivered:
+            log.error(
+                "stream chunk for job %s not delivered after %d attempt(s): %s",
+                job_id,
+                outcome.attempts,
+                outcome.last_error or "no attempt made",
+            )
+        return outcome.delivered
 
 
 @dataclass(frozen=True)
@@ -264,8 +282,9 @@ class JobRunner:
         final: dict[str, Any] | None = None
         status: SystemExit | KeyboardInterrupt | None = None
         send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
+        undelivered: list[int] = []
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._send_chunks, job.id, receive)
+            nursery.start_soon(self._send_chunks, job.id, receive, undelivered)
             # aclosing: a stream left early (error chunk, non-JSON chunk) runs the user's
             # cleanup now, not whenever the generator is garbage collected.
             chunks = aiter(stream)
@@ -306,7 +325,8 @@ class JobRunner:
                     final = generator_error_body(exc, logs=logs, redactor=self.settings.redactor)
         if final is None:
             body = stream_final_body(aggregate, aggregate=aggregate is not None)
-            return Report(self._encode(job.id, body), is_stream=True)
+            return Report(self._encode(job.id, note_undelivered(body, undelivered)), is_stream=True)
+        final = note_undelivered(final, undelivered, limit=MAX_ERROR_BODY_BYTES - _STOP_POD_ROOM)
         return Report(encode_body(self._with_refresh(final)), is_stream=True, exit=status)
 
     def _error_chunk_text(self, error: object) -> str:
@@ -318,12 +338,50 @@ class JobRunner:
             err, category="unknown", identity=self.identity, redactor=self.settings.redactor
         )
 
-    async def _send_chunks(self, job_id: str, receive: trio.MemoryReceiveChannel[bytes]) -> None:
+    async def _send_chunks(
+        self, job_id: str, receive: trio.MemoryReceiveChannel[bytes], undelivered: list[int]
+    ) -> None:
+        """Post the chunks in order; the indexes of those finally lost go to *undelivered*.
+
+        The stream's budget is counted from its last sign of life (its start, or the last
+        chunk acknowledged): an outage shorter than ``report_budget`` loses no chunk, and a
+        dead platform costs the budget once, not once per chunk.
+        """
+        budget = self.settings.timings.report_budget
+        alive = trio.current_time()
         async with receive:
+            index = 0
             async for body in receive:
                 # Chunks go out in order; the generator runs ahead meanwhile (the reference
                 # waits for every POST before advancing: docs/protocol.md §8 item 15).
-                await self.chunks.send_chunk(job_id, body)
+                if await self.chunks.send_chunk(job_id, body, retry_until=alive + budget):
+                    alive = trio.current_time()
+                else:
+                    undelivered.append(index)
+                index += 1
+
+
+def note_undelivered(
+    body: dict[str, Any], undelivered: list[int], *, limit: int | None = None
+) -> dict[str, Any]:
+    """*body* naming the stream chunks that were never delivered (docs/protocol.md §3.4).
+
+    ``undelivered_chunk_count`` is always exact; ``undelivered_chunks`` lists their
+    indexes (from 0, in order), at most :data:`MAX_LISTED_CHUNKS`, and fewer when the
+    encoded body would exceed *limit* bytes (an error body keeps its bound, I6).
+    """
+    if not undelivered:
+        return body
+    listed = undelivered[:MAX_LISTED_CHUNKS]
+    while True:
+        noted = {
+            **body,
+            "undelivered_chunk_count": len(undelivered),
+            "undelivered_chunks": listed,
+        }
+        if limit is None or not listed or len(encode_body(noted)) <= limit:
+            return noted
+        listed = listed[: len(listed) // 2]
 
 
 # How much of a failed job's message its ERROR log line carries: the report has the rest.

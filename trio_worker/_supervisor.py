@@ -142,6 +142,7 @@ class Supervisor:
         self._stop_scope = trio.CancelScope()
         self._init_scope = trio.CancelScope()
         self._grace_scope = trio.CancelScope()
+        self._watch_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._jobs: trio.Nursery | None = None
 
@@ -168,6 +169,7 @@ class Supervisor:
             nursery.start_soon(self._take_task, send)
             nursery.start_soon(self._run_task, receive)
             nursery.start_soon(self._stop_task)
+            nursery.start_soon(self._cut_reports_if_cancelled)
         if self.failure is not None:
             await self._claim_one_to_fail()
             raise InitializationError(self.failure)
@@ -182,6 +184,7 @@ class Supervisor:
             self.exit_hooks.arm(self.timings.shutdown_grace + self.timings.exit_watchdog)
         now = trio.current_time()
         self.driver.begin_shutdown(now + self.timings.shutdown_grace)
+        self.delivery.cut(now + self.timings.shutdown_grace)
         self._shorten_take(now + min(self.timings.take_drain, self.timings.shutdown_grace))
         self._idle_scope.cancel()
         self._stop_scope.cancel()
@@ -247,6 +250,7 @@ class Supervisor:
             failure, self.runner.identity, self.settings.redactor
         )
         self._claim_deadline = failure.failed_at + self.timings.claim_grace
+        self.delivery.cut(failure.failed_at)
         self._shorten_take(self._claim_deadline)
         self._enter(PhaseEvent.INIT_FAIL)
         assert self._nursery is not None
@@ -354,6 +358,7 @@ class Supervisor:
         finally:
             receive.close()
             self._grace_scope.cancel()
+            self._watch_scope.cancel()
 
     async def _claim_one_to_fail(self) -> None:
         """No job was ever held: take one, so the request that scaled us up learns why."""
@@ -374,6 +379,17 @@ class Supervisor:
         claimed = self.ledger.ever_held
         done = f"claimed {claimed} and failed it with the init failure" if claimed else "none"
         log.warning("claim wait over: %s", done)
+
+    async def _cut_reports_if_cancelled(self) -> None:
+        """A cancellation of the whole (init failure, serve() cancelled, a second SIGINT)
+        would otherwise wait out every shielded report's budget: cut them instead. Ends
+        with the run task, when no report is left."""
+        with self._watch_scope:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not self._watch_scope.cancel_called:
+                    self.delivery.cut(trio.current_time())
 
     async def _expire_grace(self) -> None:
         # Cancelled once every job task has ended: what follows is for those that cannot.

@@ -1241,19 +1241,25 @@ def check_transitions(run: Run) -> list[str]:
 
 def check_exactly_once(run: Run) -> list[str]:
     """I1: one acknowledged terminal report per taken job, none for stopped or released
-    jobs, none for jobs the worker never took."""
+    jobs, none for jobs the worker never took.
+
+    An attempt the worker cut by its own timeout (``report_attempt_timeout``) is an answer
+    lost in transit, like a dropped one: the platform may have acknowledged it while the
+    worker went on to retry, so each such attempt may account for one extra acknowledgement
+    on the platform's side (the platform keeps the first report, docs/protocol.md §2.3)."""
     out = []
     for job in views(run).values():
         seen = [ex for ex in job.reports if ex.outcome == "ok" and ex.status in range(200, 300)]
+        cut = len([ex for ex in job.reports if ex.outcome == "cancelled"])
         final = job.final
         if final is S.DONE:
-            if len(job.acked) != 1 or len(seen) != 1:
+            if not 1 <= len(job.acked) <= 1 + cut or len(seen) != 1:
                 out.append(
                     f"I1 {job.id}: DONE with {len(job.acked)} acknowledged reports "
                     f"({len(seen)} seen by the worker): {job.reports}"
                 )
         elif final is S.UNDELIVERED:
-            if seen or len(job.acked) > 1:
+            if seen or len(job.acked) > max(cut, 1):
                 out.append(
                     f"I1 {job.id}: UNDELIVERED but {len(seen)} acknowledgements seen, "
                     f"{len(job.acked)} given: {job.reports}"
@@ -1261,7 +1267,7 @@ def check_exactly_once(run: Run) -> list[str]:
         elif final in (S.STOPPED, S.RELEASED) or final is None:
             if job.reports or job.acked:
                 out.append(f"I1 {job.id}: {final} yet reported: {job.reports}")
-        if len(job.acked) > 1:
+        if len(job.acked) > max(1, cut + (final is S.DONE)):
             out.append(f"I1 {job.id}: {len(job.acked)} acknowledged terminal reports")
     unknown = run.platform.statistics().unknown_job_reports
     if unknown:
@@ -1389,9 +1395,12 @@ def check_timeouts(run: Run) -> list[str]:
 
 
 def check_shielded_reports(run: Run) -> list[str]:
-    """I5: every job that reached REPORTING ends DONE or UNDELIVERED within report_deadline,
-    and UNDELIVERED only when every attempt in that window was faulted."""
+    """I5: every job that reached REPORTING ends DONE or UNDELIVERED within its delivery
+    budget (report_budget; cut when the worker stops, but never below report_deadline), and
+    UNDELIVERED only when no attempt was acknowledged in a window of at least
+    min(report_budget, report_deadline)."""
     timings = run.scenario.timings
+    floor = min(timings.report_budget, timings.report_deadline)
     out = []
     for job in views(run).values():
         start = job.time_of(S.REPORTING)
@@ -1402,16 +1411,14 @@ def check_shielded_reports(run: Run) -> list[str]:
             out.append(f"I5 {job.id}: reached REPORTING at {start:g} and ended {final}")
             continue
         end = job.transitions[-1].time
-        if end - start > timings.report_deadline + EPS:
-            out.append(f"I5 {job.id}: report took {end - start:g}s > {timings.report_deadline:g}")
+        if end - start > timings.report_budget + EPS:
+            out.append(f"I5 {job.id}: report took {end - start:g}s > {timings.report_budget:g}")
         if final is S.UNDELIVERED:
             ok = [ex for ex in job.reports if ex.outcome == "ok" and ex.status in range(200, 300)]
-            attempts = [ex for ex in job.reports if ex.outcome != "pending"]
-            whole = end - start >= timings.report_deadline - EPS
-            if ok or not (whole or len(attempts) >= timings.report_attempts):
+            if ok or end - start < floor - EPS:
                 out.append(
-                    f"I5 {job.id}: UNDELIVERED after {end - start:g}s and {len(attempts)} "
-                    f"attempts, platform not faulted throughout: {job.reports}"
+                    f"I5 {job.id}: UNDELIVERED after {end - start:g}s (window at least "
+                    f"{floor:g}s), platform not faulted throughout: {job.reports}"
                 )
     return out
 

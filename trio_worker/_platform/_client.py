@@ -5,18 +5,22 @@ progress) the other. Cancelling a long-poll can leak a pool slot under contentio
 (encode/httpcore#1093), and a report must never wait behind that.
 
 Every request here is a single attempt except :meth:`PlatformClient.post_report`, which
-retries connect errors, timeouts, 408, 429 and 5xx with exponential backoff and full jitter,
-bounded in attempts. The caller bounds the total time with a shielded cancel scope, so the
-deadline runs on trio's clock (MockClock-native) rather than on ``time.monotonic``.
+retries connect errors, timeouts, 408, 429 and 5xx with exponential backoff and full jitter
+until the caller's deadline: the caller bounds the total time with a (shielded) cancel
+scope, so the budget runs on trio's clock (MockClock-native) rather than on
+``time.monotonic``, and can be shortened from outside (a shutdown) while it runs.
 """
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import logging
+import math
 import platform
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -28,6 +32,8 @@ from ._http import HttpResponse, make_backend
 from ._wire import TakeResponse, parse_stop, parse_take
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import httpx
 
     from .._config import PlatformConfig, Timings
@@ -46,15 +52,6 @@ def _retryable(status: int) -> bool:
     return status >= 500 or status in (408, 429)
 
 
-@dataclass(frozen=True)
-class ReportOutcome:
-    """How a report ended: acknowledged, or given up (with why)."""
-
-    delivered: bool
-    attempts: int
-    last_error: str | None = None
-
-
 def _retry_after(response: HttpResponse, default: float) -> float:
     raw = response.headers.get("retry-after")
     if raw is None:
@@ -67,7 +64,8 @@ def _retry_after(response: HttpResponse, default: float) -> float:
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    return random.uniform(0, min(cap, base * (2**attempt)))
+    # The exponent is clamped: an outage of hours must not overflow a float.
+    return random.uniform(0, min(cap, base * (2 ** min(max(attempt, 0), 64))))
 
 
 class PlatformClient:
@@ -162,34 +160,118 @@ class PlatformClient:
 
     # -- reports --------------------------------------------------------------------------
 
-    async def post_report(self, url: str, body: bytes, *, job_id: str) -> ReportOutcome:
-        """POST one report with bounded retries. Never raises for platform trouble.
+    async def post_report(
+        self,
+        url: str,
+        body: bytes,
+        *,
+        job_id: str,
+        outcome: ReportOutcome | None = None,
+        superseded: Callable[[], bool] | None = None,
+    ) -> ReportOutcome:
+        """POST one report until it is acknowledged, refused for good, or time runs out.
 
-        The caller must run this under a shielded scope with a deadline: the retry loop
-        counts attempts, the scope bounds time.
+        Never raises for platform trouble. There is no attempt limit: the caller's cancel
+        scope bounds the whole (the job's delivery budget, docs/design.md §5), and this
+        loop reads that deadline to honour ``Retry-After`` within what is left. Each
+        attempt has its own timeout, grown with the body's size, so one hung connection
+        costs one attempt. *outcome*, when given, is filled in as attempts are made, so a
+        caller whose scope ran out still knows how many were made and the last error.
+        *superseded* is asked before each retry: when it says yes (a newer progress
+        update is waiting), the report is abandoned.
         """
-        last_error = "no attempt made"
-        attempts = self.timings.report_attempts
-        for attempt in range(attempts):
-            delay = backoff_delay(
-                attempt, self.timings.error_backoff_min, self.timings.report_backoff_max
-            )
+        outcome = ReportOutcome() if outcome is None else outcome
+        bound = self.timings.report_attempt_bound(len(body))
+        while True:
+            status = await self._attempt(url, body, bound, outcome)
+            if outcome.delivered or (status is not None and not _retryable(status)):
+                return outcome
+            if superseded is not None and superseded():
+                outcome.last_error = f"{outcome.last_error}; superseded by a newer update"
+                return outcome
+            delay = self._retry_delay(outcome, bound)
+            if _worth_logging(outcome.attempts):
+                log.warning(
+                    "report for job %s failed (%s, attempt %d); retrying in %.2fs",
+                    job_id,
+                    outcome.last_error,
+                    outcome.attempts,
+                    delay,
+                )
+            await trio.sleep(delay)
+
+    async def _attempt(
+        self, url: str, body: bytes, bound: float, outcome: ReportOutcome
+    ) -> int | None:
+        """One POST under its own timeout; the status answered, or None for none."""
+        outcome.attempts += 1
+        outcome.retry_after = None
+        with trio.move_on_after(bound) as scope:
             try:
                 response = await self._reports.request("POST", url, body)
             except TransportError as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
-            else:
-                status = response.status
-                if 200 <= status < 300:
-                    return ReportOutcome(True, attempt + 1)
-                last_error = f"HTTP {status}"
-                if not _retryable(status):
-                    return ReportOutcome(False, attempt + 1, last_error)
-                if status == 429:
-                    delay = _retry_after(response, delay)
-            if attempt + 1 < attempts:
-                log.warning(
-                    "report for job %s failed (%s); retrying in %.2fs", job_id, last_error, delay
-                )
-                await trio.sleep(delay)
-        return ReportOutcome(False, attempts, last_error)
+                outcome.last_error = f"{type(exc).__name__}: {exc}"
+                return None
+        if scope.cancelled_caught:
+            # The cancelled request closed its connection; the next attempt opens another.
+            outcome.last_error = f"no answer within {bound:.1f}s"
+            return None
+        outcome.status = status = response.status
+        if 200 <= status < 300:
+            outcome.delivered, outcome.last_error = True, None
+        else:
+            outcome.last_error = f"HTTP {status}"
+            if status == 429 or status == 503:
+                outcome.retry_after = report_retry_after(response)
+        return status
+
+    def _retry_delay(self, outcome: ReportOutcome, bound: float) -> float:
+        timings = self.timings
+        delay = backoff_delay(
+            outcome.attempts - 1, timings.error_backoff_min, timings.report_backoff_max
+        )
+        if outcome.retry_after is None:
+            return delay
+        # Wait as asked (never less than the backoff: "Retry-After: 0" must not make a hot
+        # loop of a budget with no attempt limit), but leave time for one more attempt
+        # before the budget ends.
+        remaining = trio.current_effective_deadline() - trio.current_time()
+        return max(0.0, min(max(outcome.retry_after, delay), remaining - bound))
+
+
+@dataclass
+class ReportOutcome:
+    """How a report went: acknowledged or not, after how many attempts, and why not."""
+
+    delivered: bool = False
+    attempts: int = 0
+    last_error: str | None = None
+    status: int | None = None  # the last HTTP status answered, if any
+    retry_after: float | None = field(default=None, repr=False)
+
+
+def report_retry_after(response: HttpResponse) -> float | None:
+    """The wait a 429 or 503 asks for, in seconds (delta-seconds or an HTTP date); None
+    when absent or unreadable. Unlike take and stop, no cap: the budget bounds it."""
+    raw = response.headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def _worth_logging(attempt: int) -> bool:
+    """Attempts 1, 2, 4, 8, ...: an outage of minutes is visible without a line a second."""
+    return attempt & (attempt - 1) == 0

@@ -283,6 +283,7 @@ class FakePlatform(PlatformState):
             headers = [
                 (b"content-type", response.content_type),
                 (b"content-length", str(len(body)).encode()),
+                *response.headers,
             ]
         try:
             await send(

@@ -44,12 +44,18 @@ class Fault:
       result) and *then* answer with the fault: the worst case for a retry, a result
       recorded while the client sees a 500.
 
+    - ``retry_after``: with ``status``, a ``Retry-After`` header of this many seconds.
+    - ``until``: the fault applies only to requests arriving before this
+      ``trio.current_time()`` (an outage of a known length: pair it with a large
+      ``times``); once it has passed, the fault is forgotten.
+
     With neither ``status`` nor ``drop``, the fault only delays the real answer.
 
     Example::
 
         platform.inject(Fault("done", status=503, times=2))
         platform.inject(Fault("take", drop=True, when="after"))  # a job lost in transit
+        platform.inject(Fault("done", status=503, times=10**9, until=now + 60))  # an outage
     """
 
     route: str
@@ -59,6 +65,8 @@ class Fault:
     times: int = 1
     body: bytes | None = None
     when: Literal["before", "after"] = "before"
+    until: float | None = None
+    retry_after: float | None = None
 
     def __post_init__(self) -> None:
         if self.when not in ("before", "after"):
@@ -69,6 +77,8 @@ class Fault:
             raise ValueError("delay must not be negative")
         if self.drop and self.status is not None:
             raise ValueError("a fault either drops the connection or answers a status")
+        if self.retry_after is not None and (self.status is None or self.retry_after < 0):
+            raise ValueError("retry_after needs a status and must not be negative")
 
 
 @dataclass

@@ -54,7 +54,7 @@ class BodyTooLarge(Exception):
 class Response:
     """What a route answers; ``undo`` runs if the answer cannot be delivered."""
 
-    __slots__ = ("body", "content_type", "status", "undo")
+    __slots__ = ("body", "content_type", "headers", "status", "undo")
 
     def __init__(
         self,
@@ -62,11 +62,13 @@ class Response:
         body: bytes = b"",
         content_type: bytes = JSON_TYPE,
         undo: Callable[[], None] | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
         self.undo = undo
+        self.headers = headers  # extra headers, beyond the type and length
 
 
 def json_response(status: int, value: object) -> Response:
@@ -144,11 +146,15 @@ def fault_response(fault: Fault) -> Response:
     if fault.drop:
         raise ConnectionDropped("injected fault: connection dropped")
     assert fault.status is not None
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+    if fault.retry_after is not None:
+        headers = ((b"retry-after", b"%g" % fault.retry_after),)
     if fault.body is not None:
-        return Response(fault.status, fault.body)
+        return Response(fault.status, fault.body, headers=headers)
     if fault.status == 204:
         return NO_CONTENT
-    return json_response(fault.status, {"error": f"injected fault {fault.status}"})
+    body = encode_json({"error": f"injected fault {fault.status}"})
+    return Response(fault.status, body, headers=headers)
 
 
 def parse_query(query_string: bytes) -> dict[str, str]:

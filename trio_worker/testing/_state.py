@@ -434,6 +434,10 @@ class PlatformState:
         self._requests_changed.unpark_all()
 
     def _take_fault(self, route: str) -> Fault | None:
+        if not self._faults:
+            return None
+        now = trio.current_time()
+        self._faults = [a for a in self._faults if a.fault.until is None or now < a.fault.until]
         for index, armed in enumerate(self._faults):
             if armed.fault.route == route or armed.fault.route == "*":
                 armed.remaining -= 1
