@@ -101,7 +101,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "report-posted-twice",
-        "_platform.py post_report: after a 2xx answer the report is posted once more",
+        "_platform/_client.py _attempt: after a 2xx answer the report is posted once more",
         (
             Patch(
                 "trio_worker/_platform/_client.py",
@@ -174,7 +174,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "report-not-retried",
-        "_platform.py post_report: one attempt only, whatever the budget allows",
+        "_platform/_client.py post_report: one attempt only, whatever the budget allows",
         (
             Patch(
                 "trio_worker/_platform/_client.py",
@@ -223,10 +223,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "failed-request-leaks-connection",
-        "_http.py LeanHttp.request: a failed or cancelled request leaves its connection open",
+        "_platform/_lean.py LeanHttp.request: a failed or cancelled request leaves its "
+        "connection open",
         (
             Patch(
-                "trio_worker/_platform/_http.py",
+                "trio_worker/_platform/_lean.py",
                 "            except BaseException:\n"
                 "                await trio.aclose_forcefully(connection.stream)\n"
                 "                raise",
@@ -280,8 +281,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_handlers.py",
-                "with trio.move_on_after(SYNC_CLOSE_BOUND, shield=True):",
-                "with trio.move_on_after(SYNC_CLOSE_BOUND):",
+                "with trio.move_on_after(self._close_bound, shield=True):",
+                "with trio.move_on_after(self._close_bound):",
             ),
         ),
         required=False,
