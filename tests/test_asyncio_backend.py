@@ -238,6 +238,65 @@ async def test_init_timeout_cancels_an_asyncio_initializer(
 
 
 @ASYNCIO_ONLY
+async def test_an_initializer_cut_by_init_timeout_finishes_its_cleanup_before_the_failure(
+    nursery: trio.Nursery, backend: str
+) -> None:
+    # The SDK waits (bounded) for the cancelled asyncio task: a model load releasing its GPU
+    # memory in its own cleanup is done before the init failure is reported and serve()
+    # raises, not raced by the exit.
+    seen: list[str] = []
+
+    async def init() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.5)  # asyncio work in the cleanup, longer than the report
+            seen.append("cleanup done")
+
+    platform = FakePlatform(take_hold=1.0)
+    job_id = platform.enqueue({})  # held at the gate: failed at once, no claim wait
+    with trio.fail_after(WAIT), pytest.raises(trio_worker.InitializationError):
+        await serve(platform, lambda job: None, initializer=init, init_timeout=0.05)
+    assert seen == ["cleanup done"]
+    assert inner_error(platform.job(job_id))["error_type"] == "InitTimeout"
+
+
+@ASYNCIO_ONLY
+async def test_a_stopped_stream_finishes_its_cleanup_before_its_slot_is_given_again(
+    nursery: trio.Nursery, backend: str
+) -> None:
+    # At concurrency 1, the next job starts only once the stopped generator's own cleanup
+    # (asyncio work in its finally) is over: a slot is never shared with a dying stream.
+    events: list[str] = []
+    streaming, second = trio.Event(), trio.Event()
+
+    async def handler(job: dict[str, Any]) -> AsyncIterator[int]:
+        events.append(f"start {job['input']['n']}")
+        if job["input"]["n"] == 2:
+            second.set()  # from the asyncio task: trio wakes as from any host callback
+        try:
+            for i in range(10_000):
+                if i == 3:
+                    streaming.set()
+                await asyncio.sleep(0.001)
+                yield i
+        finally:
+            await asyncio.sleep(0.05)
+            events.append(f"cleanup {job['input']['n']}")
+
+    platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
+    await start_worker(nursery, platform, handler, concurrency=1)
+    first = platform.enqueue({"n": 1})
+    with trio.fail_after(WAIT):
+        await streaming.wait()
+        platform.enqueue({"n": 2})
+        platform.request_stop(first)
+        await second.wait()
+    assert events[:3] == ["start 1", "cleanup 1", "start 2"]
+    nursery.cancel_scope.cancel()
+
+
+@ASYNCIO_ONLY
 async def test_a_users_asyncio_timeout_in_the_initializer_stays_the_users_error(
     nursery: trio.Nursery, backend: str
 ) -> None:

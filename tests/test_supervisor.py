@@ -157,6 +157,37 @@ async def test_stop_of_a_job_waiting_at_the_gate(
     assert harness.platform.job(job_id).done_reports == []
 
 
+async def test_a_stream_stopped_at_a_yield_runs_its_whole_cleanup_before_its_slot_is_free(
+    harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Chunk posts hang, so the generator waits at a yield while its chunks queue up. A
+    # stop then closes it there, under a shield: its finally may await (release a GPU
+    # buffer, close a connection) although the job's scope is cancelled, and the slot is
+    # given again only after it (docs/how-it-works.md, shields and deadlines).
+    events: list[str] = []
+    harness.platform.inject(Fault("stream", delay=1000.0, times=1000))
+
+    async def handler(job: dict[str, Any]) -> Any:
+        events.append(f"start {job['input']}")
+        try:
+            for i in range(10_000):
+                yield i  # no await of its own: it is only ever suspended here
+        finally:
+            await trio.sleep(1.0)
+            events.append(f"cleanup {job['input']}")
+
+    handle = await harness.start(nursery, handler, concurrency=1)
+    first = harness.platform.enqueue(1)
+    await harness.wait_until(lambda: "start 1" in events)
+    await trio.sleep(5.0)  # the chunk queue fills; the generator waits at its yield
+    harness.platform.enqueue(2)
+    harness.platform.request_stop(first)
+    await harness.wait_until(lambda: "start 2" in events)
+    assert events[:3] == ["start 1", "cleanup 1", "start 2"]
+    assert harness.platform.job(first).done_reports == []
+    handle.shutdown()
+
+
 async def test_concurrency_callable_grows_without_draining(
     harness: Harness, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:

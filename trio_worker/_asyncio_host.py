@@ -319,7 +319,9 @@ class AsyncioChunks:
     async def aclose(self) -> None:
         if not self._task.done():
             self._task.cancel()
-        with trio.move_on_after(self._close_bound, shield=True) as scope:
+        # Bounded, not shielded: the one caller (Stream._chunks in _handlers.py) already
+        # closes streams under a shield, and a second one here was never observable.
+        with trio.move_on_after(self._close_bound) as scope:
             await self._finished.wait()
         if scope.cancelled_caught:
             log.warning("async generator cleanup cut after %.1fs", self._close_bound)
