@@ -260,30 +260,31 @@ class JobDriver:
         Returns the ids settled.
         """
         stuck = [job for job in self.ledger if on_stuck(job.state) is not Outcome.PROPAGATE]
-        with trio.CancelScope(shield=True):
-            async with trio.open_nursery() as nursery:
-                for job in stuck:
-                    log.error(
-                        "job %s: its handler ignored the cancellation at the end of the "
-                        "shutdown grace and is still running; settling it without it",
-                        job.id,
-                    )
-                    job.abandoned = True
-                    if on_stuck(job.state) is Outcome.STOP:
-                        self.fire(job, JobEvent.STOP)
-                        continue
-                    self.fire(job, JobEvent.FINISH)
-                    report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
-                    nursery.start_soon(
-                        partial(self._report, job, report.body, is_stream=report.is_stream)
-                    )
+        # No shield here: each report shields itself (Delivery.deliver) before its first
+        # checkpoint, and a nursery waits for its children even when cancelled.
+        async with trio.open_nursery() as nursery:
+            for job in stuck:
+                log.error(
+                    "job %s: its handler ignored the cancellation at the end of the "
+                    "shutdown grace and is still running; settling it without it",
+                    job.id,
+                )
+                job.abandoned = True
+                if on_stuck(job.state) is Outcome.STOP:
+                    self.fire(job, JobEvent.STOP)
+                    continue
+                self.fire(job, JobEvent.FINISH)
+                report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+                nursery.start_soon(
+                    partial(self._report, job, report.body, is_stream=report.is_stream)
+                )
         return [job.id for job in stuck]
 
     async def fail_all(self, jobs: list[HeldJob]) -> None:
         """Fail *jobs* with the init failure, all at once (docs/design.md §6.4)."""
-        with trio.CancelScope(shield=True):
-            async with trio.open_nursery() as nursery:
-                for job in jobs:
-                    body = self._settle_now(job)
-                    if body is not None:
-                        nursery.start_soon(partial(self._report, job, body, is_stream=False))
+        # Unshielded on purpose, as settle_stuck: every report shields itself.
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                body = self._settle_now(job)
+                if body is not None:
+                    nursery.start_soon(partial(self._report, job, body, is_stream=False))
