@@ -46,6 +46,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_worker")
 
 
+def drain(receive: trio.MemoryReceiveChannel[HeldJob]) -> list[HeldJob]:
+    """The jobs still queued in *receive*, taken without waiting."""
+    jobs = []
+    while True:
+        try:
+            jobs.append(receive.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return jobs
+
+
 class JobDriver:
     def __init__(
         self,

@@ -1,4 +1,5 @@
-"""What governs taking: the concurrency in force and the stops remembered for unheld ids."""
+"""What governs taking: the concurrency in force, the stops remembered for unheld ids,
+and the backoff of a long-poll that keeps failing."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ._platform._client import backoff_delay
+
 if TYPE_CHECKING:
+    from ._config import Timings
     from ._options import Concurrency
 
 log = logging.getLogger("trio_worker")
@@ -64,3 +68,25 @@ class StopMemory:
     def consume(self, job_id: str) -> bool:
         """Whether a stop for *job_id* was remembered; it is forgotten either way."""
         return self._stops.pop(job_id, None) is not None
+
+
+class Backoff:
+    """Consecutive failures of one long-poll route, and how long to wait after each."""
+
+    def __init__(self, route: str, timings: Timings) -> None:
+        self.route = route
+        self.timings = timings
+        self.errors = 0
+
+    def failed(self, exc: Exception) -> float:
+        """The wait after this failure, logged once here."""
+        self.errors += 1
+        t = self.timings
+        delay = backoff_delay(self.errors, t.error_backoff_min, t.error_backoff_max)
+        # Text, never the exception: a handler that keeps records (caplog, MemoryHandler)
+        # would keep its traceback and the whole finished run (tests/test_log_records.py).
+        log.error("%s failed: %s; retrying in %.2fs", self.route, str(exc), delay)
+        return delay
+
+    def succeeded(self) -> None:
+        self.errors = 0

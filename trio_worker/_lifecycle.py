@@ -240,6 +240,10 @@ class Ledger:
         """A snapshot, safe to read from another thread."""
         return self._held_ids
 
+    def reporting(self) -> bool:
+        """Whether a terminal report is being delivered (each bounded by its own deadline)."""
+        return any(job.state is JobState.REPORTING for job in self._jobs.values())
+
     def get(self, job_id: str) -> HeldJob | None:
         return self._jobs.get(job_id)
 

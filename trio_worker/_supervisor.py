@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ._delivery import Delivery
-from ._driver import JobDriver
+from ._driver import JobDriver, drain
 from ._exceptions import (
     InitFailure,
     InitializationError,
@@ -45,10 +45,10 @@ from ._exceptions import (
     RateLimited,
     TransportError,
 )
+from ._grace import Grace
 from ._initializer import Initializer, init_failure_report, run_initializer
-from ._intake import Capacity, StopMemory
-from ._lifecycle import JobState, Ledger, PhaseEvent, Phases, WorkerPhase
-from ._platform._client import backoff_delay
+from ._intake import Backoff, Capacity, StopMemory
+from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -65,18 +65,6 @@ if TYPE_CHECKING:
 __all__ = ["Supervisor"]
 
 log = logging.getLogger("trio_worker")
-
-# After the grace, a handler still running this long after its cancellation swallowed it.
-UNWIND_BOUND = 1.0
-
-
-def _drain(receive: trio.MemoryReceiveChannel[HeldJob]) -> list[HeldJob]:
-    jobs = []
-    while True:
-        try:
-            jobs.append(receive.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            return jobs
 
 
 class Supervisor:
@@ -130,6 +118,14 @@ class Supervisor:
             else None,
             slots=capacity.slots,
         )
+        self.grace = Grace(
+            driver=self.driver,
+            delivery=self.delivery,
+            ledger=self.ledger,
+            waits=waits,
+            timings=timings,
+            exit_hooks=exit_hooks,
+        )
         self.failure: InitFailure | None = None
         # What a handler raised to end the process (SystemExit, KeyboardInterrupt): the
         # first one wins; serve() raises it once the shutdown it started is over.
@@ -141,8 +137,6 @@ class Supervisor:
         self._idle_scope = trio.CancelScope()
         self._stop_scope = trio.CancelScope()
         self._init_scope = trio.CancelScope()
-        self._grace_scope = trio.CancelScope()
-        self._watch_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._jobs: trio.Nursery | None = None
 
@@ -169,7 +163,7 @@ class Supervisor:
             nursery.start_soon(self._take_task, send)
             nursery.start_soon(self._run_task, receive)
             nursery.start_soon(self._stop_task)
-            nursery.start_soon(self._cut_reports_if_cancelled)
+            nursery.start_soon(self.grace.watch)
         if self.failure is not None:
             await self._claim_one_to_fail()
             raise InitializationError(self.failure)
@@ -190,27 +184,13 @@ class Supervisor:
         self._stop_scope.cancel()
         self._init_scope.cancel()
         if self._nursery is not None:
-            self._nursery.start_soon(self._expire_grace)
-
-    def reporting(self) -> bool:
-        """Whether a terminal report is being delivered (each bounded by its own deadline)."""
-        return any(job.state is JobState.REPORTING for job in self.ledger)
+            self._nursery.start_soon(self.grace.expire, self._ledger_changed)
 
     def request_exit(self, exc: SystemExit | KeyboardInterrupt) -> None:
         """A handler asked the process to exit: shut down, then ``serve()`` raises *exc*."""
         if self.exit_request is None:
             self.exit_request = exc
         self.request_shutdown(f"a handler raised {exc!r}")
-
-    def statistics(self) -> dict[str, object]:
-        return {
-            "held": len(self.ledger),
-            "ever_held": self.ledger.ever_held,
-            "concurrency": self.concurrency,
-            "gate_open": self.phases.gate_open,
-            "shutting_down": self.shutting_down,
-            "init_failed": self.phase is WorkerPhase.INIT_FAILED,
-        }
 
     def _enter(self, event: PhaseEvent) -> None:
         self.phases.fire(event)
@@ -270,7 +250,7 @@ class Supervisor:
         return self.phase in (WorkerPhase.INITIALIZING, WorkerPhase.READY)
 
     async def _take_task(self, send: trio.MemorySendChannel[HeldJob]) -> None:
-        errors = 0
+        backoff = Backoff("job-take", self.timings)
         async with send:
             while self._taking:
                 # Takes run shielded, so a cancellation from outside lands only here.
@@ -287,28 +267,21 @@ class Supervisor:
                     await self._pause(exc.retry_after)
                     continue
                 except (PlatformError, TransportError) as exc:
-                    errors += 1
-                    await self._pause(self._error_backoff("job-take", exc, errors))
+                    await self._pause(backoff.failed(exc))
                     continue
-                errors = 0
+                backoff.succeeded()
                 for job in taken:
                     send.send_nowait(job)
                 if not taken and trio.current_time() - started < self.timings.error_backoff_min:
                     # The platform answered "empty" without holding the poll: do not spin.
                     await self._pause(self.timings.error_backoff_min)
 
-    def _error_backoff(self, route: str, exc: Exception, errors: int) -> float:
-        """How long to wait after the *errors*-th failure in a row, logged once here."""
-        timings = self.timings
-        delay = backoff_delay(errors, timings.error_backoff_min, timings.error_backoff_max)
-        # Text, never the exception: a handler that keeps records (caplog, MemoryHandler)
-        # would keep its traceback, and with it the whole finished run (tests/test_log_records.py).
-        log.error("%s failed: %s; retrying in %.2fs", route, str(exc), delay)
-        return delay
-
     async def _wait_for_slot(self) -> None:
+        await self._idle(self._ledger_changed)
+
+    async def _ledger_changed(self) -> None:
         self._slot_event = trio.Event()
-        await self._idle(self._slot_event.wait)
+        await self._slot_event.wait()
 
     async def _pause(self, seconds: float) -> None:
         await self._idle(trio.sleep, seconds)
@@ -353,12 +326,11 @@ class Supervisor:
                 except trio.Cancelled:
                     if self.phase is WorkerPhase.INIT_FAILED:
                         # Jobs still queued in the channel never got a task: fail them here.
-                        await self.driver.fail_all(_drain(receive))
+                        await self.driver.fail_all(drain(receive))
                     raise
         finally:
             receive.close()
-            self._grace_scope.cancel()
-            self._watch_scope.cancel()
+            self.grace.end()
 
     async def _claim_one_to_fail(self) -> None:
         """No job was ever held: take one, so the request that scaled us up learns why."""
@@ -380,36 +352,6 @@ class Supervisor:
         done = f"claimed {claimed} and failed it with the init failure" if claimed else "none"
         log.warning("claim wait over: %s", done)
 
-    async def _cut_reports_if_cancelled(self) -> None:
-        """A cancellation of the whole (init failure, serve() cancelled, a second SIGINT)
-        would otherwise wait out every shielded report's budget: cut them instead. Ends
-        with the run task, when no report is left."""
-        with self._watch_scope:
-            try:
-                await trio.sleep_forever()
-            finally:
-                if not self._watch_scope.cancel_called:
-                    self.delivery.cut(trio.current_time())
-
-    async def _expire_grace(self) -> None:
-        # Cancelled once every job task has ended: what follows is for those that cannot.
-        with self._grace_scope:
-            await trio.sleep_until(self.driver.shutdown_deadline)
-            # Threads that ignore check_cancelled() no longer hold the exit up.
-            self.waits.cancel_all()
-            await trio.sleep(min(UNWIND_BOUND, self.timings.exit_watchdog / 2))
-            stuck = await self.driver.settle_stuck()
-            if not stuck:
-                return  # every task is unwinding: the run ends on its own
-            while len(self.ledger):
-                # Reports still in flight (each under its own deadline): the ledger wakes us.
-                self._slot_event = trio.Event()
-                await self._slot_event.wait()
-            if self.exit_hooks is not None:
-                self.exit_hooks.settled()
-            else:
-                log.error("serve() cannot return before the handler(s) of %s return", stuck)
-
     # -- stop ---------------------------------------------------------------------------
 
     def stop_job(self, job_id: str) -> None:
@@ -421,7 +363,7 @@ class Supervisor:
         if self.settings.platform.stop_url is None:
             log.warning("job-take URL has no /job-take/; the stop channel is disabled")
             return
-        errors = 0
+        backoff = Backoff("job-stop", self.timings)
         with self._stop_scope:
             while True:
                 started = trio.current_time()
@@ -433,10 +375,9 @@ class Supervisor:
                     await trio.sleep(exc.retry_after)
                     continue
                 except (PlatformError, TransportError) as exc:
-                    errors += 1
-                    await trio.sleep(self._error_backoff("job-stop", exc, errors))
+                    await trio.sleep(backoff.failed(exc))
                     continue
-                errors = 0
+                backoff.succeeded()
                 for job_id in ids:
                     self.stop_job(job_id)
                 elapsed = trio.current_time() - started

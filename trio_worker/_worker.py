@@ -22,6 +22,7 @@ from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
+from ._lifecycle import WorkerPhase
 from ._options import AsyncBackend, Concurrency, WorkerOptions, initializer_for, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
@@ -72,7 +73,15 @@ class WorkerHandle:
         return self._supervisor.gate.is_set()
 
     def statistics(self) -> dict[str, object]:
-        return self._supervisor.statistics()
+        supervisor = self._supervisor
+        return {
+            "held": len(supervisor.ledger),
+            "ever_held": supervisor.ledger.ever_held,
+            "concurrency": supervisor.concurrency,
+            "gate_open": supervisor.phases.gate_open,
+            "shutting_down": supervisor.shutting_down,
+            "init_failed": supervisor.phase is WorkerPhase.INIT_FAILED,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +201,7 @@ async def _serve(
     supervisor = _build(options, settings, client, capture, seams)
     if seams.exit_guard is not None:
         token = trio.lowlevel.current_trio_token()
-        seams.exit_guard.attach(token, supervisor.request_shutdown, supervisor.reporting)
+        seams.exit_guard.attach(token, supervisor.request_shutdown, supervisor.ledger.reporting)
     pinger = _start_heartbeat_thread(settings, supervisor) if seams.heartbeat == "thread" else None
     task_status.started(WorkerHandle(supervisor))
     failure: BaseException | None = None
