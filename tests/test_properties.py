@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from trio_worker import Timings
 
 from .properties import PROFILE_NAME, examples
-from .properties.harness import check_all, describe, run_scenario, scratch_check
+from .properties.harness import check_all, describe, drop_frames, run_scenario, scratch_check
 from .properties.strategies import (
     STREAM_OUTCOMES,
     TIMEOUT_LOOKALIKES,
@@ -53,6 +53,16 @@ def run_and_check(data: st.DataObject, scenario: st.SearchStrategy[Scenario]) ->
     # seams both): each example explores its own task orders, and a failure shrinks them.
     data.draw(st.random_module(), label="scheduler seed")
     drawn = data.draw(scenario, label="scenario")
+    try:
+        _run_and_check(drawn, data)
+    except BaseException as exc:
+        # Hypothesis keeps every failing example's exception until the test ends: without
+        # this its traceback keeps that example's whole run alive (see drop_frames).
+        drop_frames(exc)
+        raise
+
+
+def _run_and_check(drawn: Scenario, data: st.DataObject) -> None:
     run = run_scenario(drawn, data)
     for label in describe(run):
         event(label)

@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import time
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
     from trio_worker._platform._http import HttpBackend, HttpResponse, StreamOpener
     from trio_worker.testing import RecordedRequest
 
-__all__ = ["CHECKS", "Run", "check_all", "describe", "run_scenario"]
+__all__ = ["CHECKS", "Run", "check_all", "describe", "drop_frames", "run_scenario"]
 
 EPS = 1e-6
 MAX_ERROR_BODY = 64 * 1024
@@ -1813,6 +1814,31 @@ def check_all(run: Run) -> None:
     if violations:
         listing = "\n".join(f"- {v}" for v in violations[:40])
         raise AssertionError(f"{len(violations)} violation(s):\n{listing}\n\n{run.report()}")
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames *exc* (and its causes, contexts and group
+    members) passed through, so the exception no longer keeps the example's run alive.
+
+    Hypothesis keeps the exception of every failing example it runs (``expected_exception``
+    of each cached result, up to 10,000 a test, until the test ends), and its traceback holds
+    the frames of ``run_and_check`` and ``check_all``, whose ``run`` holds the whole
+    `Recorder`, the fake platform's records and the worker's state: about 520 KiB an
+    example. While a failure shrinks (thousands of failing examples) that was about 1 GiB.
+    The traceback's text (file, line, code) is kept; only ``--showlocals`` loses anything.
+    Frames still executing (the caller's) are skipped by ``traceback.clear_frames``.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        stack += [e for e in (current.__cause__, current.__context__) if e is not None]
+        if isinstance(current, BaseExceptionGroup):
+            stack += current.exceptions
 
 
 def scratch_check() -> None:
