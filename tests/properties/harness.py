@@ -1484,10 +1484,19 @@ def check_in_transit(run: Run) -> list[str]:
                     f"before its deadline {limit:g}"
                 )
             cuts.append(ex)
+    # Takes the platform answered only after the worker had legitimately cut them (an
+    # injected delay before the route): the answer went into a closed connection, a loss
+    # in transit on the platform's side that its requeue rule covers, as a cut's is.
+    late: list[float] = []
     for req in run.platform.requests:
         if req.route in ("take", "take_batch") and req.fault is not None:
             if req.fault.when == "after" and (req.fault.drop or req.fault.status is not None):
                 faulted.append(req)
+            answered = req.time + req.fault.delay
+            if req.fault.when == "before" and any(
+                abs(ex.time - req.time) <= EPS and ex.end_time < answered - EPS for ex in cuts
+            ):
+                late.append(answered)
     jobs = views(run)
     for job in jobs.values():
         if job.delivered and (job.final is None or not job.final.terminal):
@@ -1501,8 +1510,13 @@ def check_in_transit(run: Run) -> list[str]:
         if view is not None and view.delivered:
             continue
         take_time = record.take_time
-        explained = any(ex.time - EPS <= take_time <= ex.end_time + EPS for ex in cuts) or any(
-            req.time - EPS <= take_time <= (req.answer_time or math.inf) + EPS for req in faulted
+        explained = (
+            any(ex.time - EPS <= take_time <= ex.end_time + EPS for ex in cuts)
+            or any(
+                req.time - EPS <= take_time <= (req.answer_time or math.inf) + EPS
+                for req in faulted
+            )
+            or any(abs(take_time - answered) <= EPS for answered in late)
         )
         if not explained:
             out.append(f"I8 {record.id}: handed out at {take_time:g}, never reached the worker")
