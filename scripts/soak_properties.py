@@ -20,6 +20,12 @@ MiB after its 9,600 examples) and must then stay at that level, not climb furthe
 property to the next: that is what the verdict checks, and why it needs a run long enough
 to reach the second property (on 2 busy cores, 10 minutes or more; 30 to see several).
 
+A failure's shrinking runs more examples of the same test, and they grow memory at the
+same rate: the profiles leave out Hypothesis's ``explain`` phase, which would trace each
+of them and keep about 130 KiB of executed branches per example (over 1 GiB in a few
+minutes of shrinking, see ``tests/properties/__init__.py``), and a failing example's
+exception no longer holds its run (``drop_frames`` in ``tests/properties/harness.py``).
+
 Examples are counted by this same file loaded into pytest as a plugin (``-p
 soak_properties``): it wraps each Hypothesis test's ``hypothesis.inner_test`` and writes
 the running count to a file the sampler reads. Stdlib only.
