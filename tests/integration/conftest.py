@@ -24,10 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 class Platform:
     fake: FakePlatform
     url: str
+    ping_interval_ms: int = 200
 
     def env(self, **overrides: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
-        env.update(self.fake.worker_env(self.url, ping_interval_ms=200))
+        env.update(self.fake.worker_env(self.url, ping_interval_ms=self.ping_interval_ms))
         env["PYTHONPATH"] = str(REPO)
         env.update(overrides)
         return env
@@ -56,6 +57,38 @@ class WorkerProcess:
                 await done.wait()
         return status
 
+    async def stop(self, timeout: float = 30.0) -> int:
+        self.signal(signal.SIGTERM)
+        return await self.wait(timeout)
+
+
+async def open_worker(
+    nursery: trio.Nursery, argv: list[str], env: dict[str, str], cwd: Path | None = None
+) -> WorkerProcess:
+    """Start *argv* in a session of its own, its output pumped until the pipes close."""
+    process = await trio.lowlevel.open_process(
+        argv,
+        env=env,
+        cwd=None if cwd is None else str(cwd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    worker = WorkerProcess(process)
+    assert process.stdout is not None and process.stderr is not None
+    worker.pumped = [trio.Event(), trio.Event()]
+    nursery.start_soon(_pump, process.stdout, worker.stdout, worker.pumped[0])
+    nursery.start_soon(_pump, process.stderr, worker.stderr, worker.pumped[1])
+    return worker
+
+
+async def kill_all(workers: list[WorkerProcess]) -> None:
+    """Teardown: whatever is still alive is killed with its whole session."""
+    for worker in workers:
+        if worker.process.returncode is None:
+            os.killpg(worker.process.pid, signal.SIGKILL)
+            await worker.process.wait()
+
 
 async def _pump(stream: trio.abc.ReceiveStream, into: bytearray, done: trio.Event) -> None:
     try:
@@ -82,23 +115,9 @@ async def spawn(nursery: trio.Nursery) -> AsyncIterator[Spawn]:
     started: list[WorkerProcess] = []
 
     async def start(env: dict[str, str], *args: str) -> WorkerProcess:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, str(WORKER_APP), *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        worker = WorkerProcess(process)
-        assert process.stdout is not None and process.stderr is not None
-        worker.pumped = [trio.Event(), trio.Event()]
-        nursery.start_soon(_pump, process.stdout, worker.stdout, worker.pumped[0])
-        nursery.start_soon(_pump, process.stderr, worker.stderr, worker.pumped[1])
+        worker = await open_worker(nursery, [sys.executable, str(WORKER_APP), *args], env)
         started.append(worker)
         return worker
 
     yield start
-    for worker in started:
-        if worker.process.returncode is None:
-            os.killpg(worker.process.pid, signal.SIGKILL)
-            await worker.process.wait()
+    await kill_all(started)
