@@ -1,0 +1,108 @@
+"""The test clock shared by trio and the asyncio host loop (tests/backends.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import trio
+
+from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS, HostLoopClock, sleep_for
+from trio_worker._asyncio_host import await_on_asyncio
+
+
+@BOTH_BACKENDS
+async def test_a_long_sleep_takes_virtual_time_only(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    started, wall = trio.current_time(), time.monotonic()
+    if backend == "asyncio":
+        await await_on_asyncio(asyncio.sleep(3600))
+    else:
+        await trio.sleep(3600)
+    assert trio.current_time() - started == pytest.approx(3600)
+    assert time.monotonic() - wall < 30  # a hang guard, not a timing claim
+
+
+@ASYNCIO_ONLY
+async def test_trio_and_asyncio_timers_fire_in_virtual_order(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    fired: list[tuple[str, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def asyncio_side() -> None:
+        for _ in range(3):
+            await asyncio.sleep(3)
+            fired.append(("asyncio", loop.time()))
+
+    async def trio_side() -> None:
+        for _ in range(2):
+            await trio.sleep(4)
+            fired.append(("trio", trio.current_time()))
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio_side)
+        await await_on_asyncio(asyncio_side())
+    assert [(side, round(at - start, 6)) for side, at in fired] == [
+        ("asyncio", 3.0),
+        ("trio", 4.0),
+        ("asyncio", 6.0),
+        ("trio", 8.0),
+        ("asyncio", 9.0),
+    ]
+
+
+@ASYNCIO_ONLY
+async def test_no_jump_while_asyncio_has_work_queued(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    # 2,000 steps of asyncio work and no timer: trio's pending deadline must not fire in
+    # between (a plain MockClock autojump would leap to it at the first idle trio tick).
+    async def busy() -> int:
+        for _ in range(2_000):
+            await asyncio.sleep(0)
+        return 2_000
+
+    with trio.move_on_after(1) as scope:
+        assert await await_on_asyncio(busy()) == 2_000
+    assert not scope.cancelled_caught
+    assert trio.current_time() == 0
+
+
+@ASYNCIO_ONLY
+async def test_asyncio_timeouts_run_on_the_virtual_clock(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    started = trio.current_time()
+    with pytest.raises(TimeoutError):
+        await await_on_asyncio(asyncio.wait_for(asyncio.sleep(100), 7))
+    assert trio.current_time() - started == pytest.approx(7)
+
+
+@BOTH_BACKENDS
+async def test_sleep_for_picks_the_backends_own_sleep(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    sleep = sleep_for(backend)
+    coroutine = sleep(1)
+    if backend == "asyncio":
+        await await_on_asyncio(coroutine)
+    else:
+        await coroutine
+    assert trio.current_time() == pytest.approx(1)
+
+
+async def test_sharing_ends_with_the_block() -> None:
+    clock = HostLoopClock()
+    loop = asyncio.new_event_loop()
+    try:
+        real = loop.time()
+        with clock.sharing(loop):
+            assert loop.time() == clock.current_time()
+        assert "time" not in vars(loop)
+        assert loop.time() >= real
+    finally:
+        loop.close()
