@@ -1,10 +1,12 @@
 """Property-based race suite: the real worker against the fake platform, in virtual time.
 
 Each property draws a `Scenario` (initializer, jobs and their arrival, handlers, stop
-signals, SIGTERM, platform faults, timings) focused on one invariant of docs/design.md §4, runs it
-in one ``trio.run`` under ``MockClock(autojump_threshold=0)`` with the fake platform mounted
-in-process, draws the network's interleavings as requests happen, and then runs *every*
-checker of ``tests/properties/harness.py`` on the trace. See docs/property-suite.md.
+signals, SIGTERM, platform faults, timings, the worker's ``async_backend``) focused on one
+invariant of docs/design.md §4, runs it in virtual time (one ``trio.run`` under
+``MockClock``, or trio as the guest of an asyncio loop sharing one virtual clock for the
+asyncio backend) with the fake platform mounted in-process, draws the network's
+interleavings as requests happen, and then runs *every* checker of
+``tests/properties/harness.py`` on the trace. See docs/property-suite.md.
 
 The tests are sync on purpose: Hypothesis cannot run async tests, and pytest-trio's
 fixture-per-example integration trips Hypothesis's function_scoped_fixture health check.

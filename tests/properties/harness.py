@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-``run_scenario`` makes one ``trio.run`` under ``MockClock(autojump_threshold=0)``: the fake
-platform (an ASGI app) is served by the package's own h11 server over in-memory streams
+``run_scenario`` makes one ``trio.run`` under ``MockClock(autojump_threshold=0)`` (for the
+drawn ``async_backend="asyncio"``: one asyncio loop hosting trio as its guest, both on one
+virtual clock, ``HostLoopClock`` in ``tests/backends.py``): the fake platform (an ASGI
+app) is served by the package's own h11 server over in-memory streams
 (``trio_worker.testing._memory``), and the worker's own production HTTP client talks to it:
 its keep-alive pool, response parsing, stale-connection retry, cancellation and error
 mapping are what run under the properties. `RecordingBackend` wraps the client at its
@@ -12,8 +14,9 @@ the requests happen); `ChaosOpener` and `ChaosStream` apply the step below the c
 checkpoints and delays before a request leaves and after its answer arrives, a refused or
 hanging connect (a kept-alive connection breaks first, so the client's own retry reaches
 the failing connect). The real ``trio_worker.serve`` runs with async handlers and
-initializers that only ``trio.sleep``, so nothing escapes the virtual clock and one example
-costs a few milliseconds of wall time.
+initializers that only sleep (``trio.sleep``, or ``asyncio.sleep`` as asyncio tasks on the
+asyncio backend), and sync ones that wait on the `Baton` (``threads.py``), so nothing
+escapes the virtual clock and one example costs a few milliseconds of wall time.
 
 Everything observable is appended to one `Recorder` under a global sequence number, so
 "before" and "after" are exact even when many things happen at the same virtual instant:
@@ -42,6 +45,7 @@ Terms used by the checkers:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -55,7 +59,7 @@ import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
@@ -77,6 +81,7 @@ from trio_worker.testing import FakePlatform
 from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
 from trio_worker.testing._memory import memory_network
 
+from ..backends import HostLoopClock, run_on_asyncio_host
 from .strategies import PLAIN, TIMEOUT_LOOKALIKES, JobPlan, NetStep, Scenario, net_steps
 from .threads import Baton, Lane, in_worker_thread
 
@@ -545,13 +550,60 @@ def error_type_of(name: str) -> str:
 NONJSON: list[object] = [{"a": {1, 2}}, b"bytes", float("nan")]
 
 
+class Waits(Protocol):
+    """How async user code waits and tells time, in its own library."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def sleep_forever(self) -> None: ...
+
+    async def checkpoint(self) -> None: ...
+
+
+class TrioWaits:
+    """The trio backend: async user code is trio code."""
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    async def sleep_forever(self) -> None:
+        await trio.sleep_forever()
+
+    async def checkpoint(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class AsyncioWaits:
+    """The asyncio backend: async user code is asyncio code, run as asyncio tasks on the
+    host loop, whose time is the example's virtual clock (``HostLoopClock``). A stop, the
+    shutdown grace or ``init_timeout`` reaches it as ``asyncio.CancelledError``."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def sleep_forever(self) -> None:
+        await asyncio.get_running_loop().create_future()
+
+    async def checkpoint(self) -> None:
+        await asyncio.sleep(0)
+
+
 class UserCode:
     """The initializer and the handler of one scenario, recording what they do.
 
-    Async code only ``trio.sleep``s. Sync code (handlers, generators, the initializer) runs
-    in the worker's threads and waits on the `Baton` in virtual time (``threads.py``); a
-    cooperative one calls ``trio_worker.check_cancelled()`` after each wait, one drawn
-    ``ignores_cancel`` never does.
+    Async code only sleeps, in its backend's library (`Waits`: ``trio.sleep``, or
+    ``asyncio.sleep`` on the asyncio backend). Sync code (handlers, generators, the
+    initializer) runs in the worker's threads on both backends and waits on the `Baton` in
+    virtual time (``threads.py``); a cooperative one calls ``trio_worker.check_cancelled()``
+    after each wait, one drawn ``ignores_cancel`` never does.
     """
 
     def __init__(self, scenario: Scenario, rec: Recorder) -> None:
@@ -559,19 +611,21 @@ class UserCode:
         self.rec = rec
         self.plans: dict[str, JobPlan] = {f"j{k}": plan for k, plan in enumerate(scenario.jobs)}
         self.lanes: dict[str, Lane] = {}
+        self.waits: Waits = AsyncioWaits() if scenario.async_backend == "asyncio" else TrioWaits()
 
     async def initializer(self) -> None:
         plan = self.scenario.init
         rec = self.rec
-        rec.init_start = trio.current_time()
+        waits = self.waits
+        rec.init_start = waits.now()
         try:
             if plan.outcome == "hang":
-                await trio.sleep_forever()
-            await trio.sleep(plan.duration)
+                await waits.sleep_forever()
+            await waits.sleep(plan.duration)
         except BaseException:
-            rec.init_interrupted = trio.current_time()
+            rec.init_interrupted = waits.now()
             raise
-        self._init_outcome(None)
+        self._init_outcome(waits.now())
 
     def sync_initializer(self) -> None:
         plan = self.scenario.init
@@ -594,20 +648,20 @@ class UserCode:
         finally:
             lane.leave()
 
-    def _init_outcome(self, at: float | None) -> None:
+    def _init_outcome(self, at: float) -> None:
         plan = self.scenario.init
         if plan.outcome == "raise":
             self.rec.init_raised = self.rec.tick(at)
             raise make_error(plan.error, plan.message.render())
         self.rec.init_end = self.rec.tick(at)
 
-    def _start(self, job_id: str, plan: JobPlan, at: float | None = None) -> HandlerRun:
+    def _start(self, job_id: str, plan: JobPlan, at: float, *, thread: bool) -> HandlerRun:
         seq, now = self.rec.tick(at)
-        run = HandlerRun(job_id, seq, now, now + plan.duration, thread=at is not None)
+        run = HandlerRun(job_id, seq, now, now + plan.duration, thread=thread)
         self.rec.handlers[job_id] = run
         return run
 
-    def _end(self, run: HandlerRun, *, interrupted: bool, at: float | None = None) -> None:
+    def _end(self, run: HandlerRun, *, interrupted: bool, at: float) -> None:
         if self.rec.baton is not None and self.rec.baton.closed:
             return  # the run is over (RunOver): the thread was abandoned, it never ended
         run.end_seq, run.end_time = self.rec.tick(at)
@@ -624,13 +678,14 @@ class UserCode:
         plan = self.plans[job["id"]]
         if plan.streams:
             return self._stream(job["id"], plan)
-        run = self._start(job["id"], plan)
+        waits = self.waits
+        run = self._start(job["id"], plan, waits.now(), thread=False)
         try:
-            await trio.sleep(plan.duration)
+            await waits.sleep(plan.duration)
         except BaseException:
-            self._end(run, interrupted=True)
+            self._end(run, interrupted=True, at=waits.now())
             raise
-        self._end(run, interrupted=False)
+        self._end(run, interrupted=False, at=waits.now())
         return self._result(job["id"], plan)
 
     async def generator(self, job: dict[str, Any]) -> AsyncIterator[Any]:
@@ -640,29 +695,30 @@ class UserCode:
                 yield chunk
 
     async def _stream(self, job_id: str, plan: JobPlan) -> AsyncGenerator[Any, None]:
-        run = self._start(job_id, plan)
+        waits = self.waits
+        run = self._start(job_id, plan, waits.now(), thread=False)
         for kind, value in script(job_id, plan):
             if kind == "sleep":
                 try:
-                    await trio.sleep(value)
+                    await waits.sleep(value)
                 except BaseException:
-                    self._end(run, interrupted=True)
+                    self._end(run, interrupted=True, at=waits.now())
                     raise
             elif kind == "end":
-                self._end(run, interrupted=False)
+                self._end(run, interrupted=False, at=waits.now())
             elif kind == "raise":
                 raise make_error(plan.error, plan.message.render())
             else:
-                run.at_yield, run.yielded_at = True, trio.current_time()
+                run.at_yield, run.yielded_at = True, waits.now()
                 try:
                     yield value
                 except GeneratorExit:
                     run.at_yield = False
                     if run.end_seq < 0:
-                        self._end(run, interrupted=True)
+                        self._end(run, interrupted=True, at=waits.now())
                     try:
                         # Cleanup that awaits (closing a connection): it must not be cut.
-                        await trio.lowlevel.checkpoint()
+                        await waits.checkpoint()
                     except BaseException:
                         run.closed = "interrupted"
                         raise
@@ -687,7 +743,7 @@ class UserCode:
         try:
             if plan.streams:
                 return self._sync_stream(job_id, plan)
-            run = self._start(job_id, plan, at=now)
+            run = self._start(job_id, plan, now, thread=True)
             try:
                 lane.nap(plan.duration)
             except BaseException:
@@ -709,7 +765,7 @@ class UserCode:
         lane = self._lane(job_id, plan)
         if lane._me is None:  # created by sync_handler: this is the first step's thread
             lane.enter()
-        run = self._start(job_id, plan, at=lane.now)
+        run = self._start(job_id, plan, lane.now, thread=True)
         try:
             for kind, value in script(job_id, plan):
                 if kind == "sleep":
@@ -939,6 +995,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
         capture=capture,
         timings=scn.timings,
         observers=[rec],
+        async_backend=scn.async_backend,
     )
 
     with trio.move_on_after(scn.last_action() + SETTLE_LIMIT + HANG_LIMIT) as guard:
@@ -1008,16 +1065,27 @@ def example_log(lines: list[str]) -> Iterator[None]:
 
 
 def run_scenario(scenario: Scenario, data: DataObject | None = None) -> Run:
-    """Run *scenario* (network steps drawn from *data*) in a fresh ``trio.run``."""
+    """Run *scenario* (network steps drawn from *data*) in a fresh ``trio.run``, or for the
+    asyncio backend in a fresh asyncio loop hosting trio as its guest, the two sharing one
+    virtual clock (``tests/backends.py``)."""
     rec = Recorder(scenario, data)
-    if scenario.threads:
-        # The baton is the autojump: it jumps only when no thread is on its way in or out.
-        clock = trio.testing.MockClock()
-        rec.baton = Baton(clock)
-    else:
-        clock = trio.testing.MockClock(autojump_threshold=0)
     with example_log(rec.log):
-        platform = trio.run(_main, scenario, rec, clock=clock)
+        if scenario.async_backend == "asyncio":
+            # With threads the baton is the autojump, as below, and also waits for the
+            # host loop's timers (the asyncio user code's sleeps).
+            host_clock = HostLoopClock(autojump=not scenario.threads)
+            if scenario.threads:
+                rec.baton = Baton(host_clock, host_timer=host_clock.next_host_timer)
+            platform = run_on_asyncio_host(_main, scenario, rec, clock=host_clock)
+        elif scenario.threads:
+            # The baton is the autojump: it jumps only when no thread is on its way in or out.
+            clock = trio.testing.MockClock()
+            rec.baton = Baton(clock)
+            platform = trio.run(_main, scenario, rec, clock=clock)
+        else:
+            platform = trio.run(
+                _main, scenario, rec, clock=trio.testing.MockClock(autojump_threshold=0)
+            )
     if rec.draw_error is not None:
         raise rec.draw_error
     return Run(scenario, rec, platform)
@@ -1791,7 +1859,7 @@ def describe(run: Run) -> list[str]:
     """Coverage labels for ``hypothesis.event``: which paths an example exercised (see
     ``pytest --hypothesis-show-statistics``)."""
     rec = run.rec
-    labels = []
+    labels = [f"{run.scenario.async_backend} backend"]
     failure = failure_of(run)
     if failure is not None:
         held = sum(1 for t in rec.transitions if t.event is E.FAIL)

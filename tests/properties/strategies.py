@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import trio_worker
 
 __all__ = [
+    "BACKENDS",
     "ERRORS",
     "GENERATORS",
     "PLAIN",
@@ -235,6 +236,9 @@ class NetStep:
 
 
 PLAIN = NetStep()
+# The worker's async_backend: where its async user code runs (docs/design.md §2).
+AsyncBackend = Literal["trio", "asyncio"]
+BACKENDS: tuple[AsyncBackend, ...] = ("trio", "asyncio")
 WHENS: tuple[Literal["before", "after"], ...] = ("before", "after")
 HandlerKind = Literal["async", "async_generator", "sync", "sync_generator"]
 # Sync kinds run in threads (each step of a sync generator too): about a third of the
@@ -270,6 +274,9 @@ class Scenario:
     ping_ms: int
     logs: Text | None  # captured output the fake capture hands out; None: capture_logs="off"
     network: bool  # draw NetSteps for requests (else every request goes through plainly)
+    # "asyncio": the async user code is asyncio code, run as asyncio tasks on the loop
+    # hosting the worker (trio as its guest); sync code is the same on both.
+    async_backend: AsyncBackend = "trio"
 
     @property
     def jobs(self) -> tuple[JobPlan, ...]:
@@ -435,9 +442,11 @@ def scenarios(
     sigterm_p: float = 0.5,
     huge: float = 0.05,
     network: bool | None = None,
+    backends: tuple[AsyncBackend, ...] = BACKENDS,
 ) -> Scenario:
     """A whole example. The knobs focus a property on its part of the space; every other
     dimension is still drawn."""
+    backend = draw(st.sampled_from(backends))
     init_plan = draw(init if init is not None else init_plans(huge=huge))
     if outcomes is None:
         outcomes = (*PLAIN_OUTCOMES, *STREAM_OUTCOMES, "malformed")
@@ -494,6 +503,7 @@ def scenarios(
         ping_ms=draw(st.sampled_from([500, 1000, 2500])),
         logs=draw(st.one_of(st.none(), texts(huge))),
         network=draw(st.booleans()) if network is None else network,
+        async_backend=backend,
     )
 
 
