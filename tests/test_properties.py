@@ -28,8 +28,10 @@ from trio_worker import Timings
 from .properties import PROFILE_NAME, examples
 from .properties.harness import check_all, describe, drop_frames, run_scenario, scratch_check
 from .properties.strategies import (
+    BACKENDS,
     STREAM_OUTCOMES,
     TIMEOUT_LOOKALIKES,
+    AsyncBackend,
     Batch,
     InitPlan,
     JobOutcome,
@@ -264,8 +266,10 @@ def test_everything_at_once(data: st.DataObject) -> None:
 # then. A bug found later gets the same treatment: a test here marked
 # ``@pytest.mark.xfail(strict=True, reason="BUG: ...")`` until the fix lands.
 
-# Task orders each regression scenario runs under.
+# Task orders each regression scenario runs under, on each backend (the bugs were in code
+# both share).
 ORDERS = 12
+ON_EACH_BACKEND = pytest.mark.parametrize("backend", BACKENDS)
 _TIMINGS = Timings(
     take_poll_bound=10.0,
     stop_poll_bound=10.0,
@@ -303,13 +307,15 @@ def minimal(**changes: Any) -> Scenario:
     return dataclasses.replace(base, **changes)
 
 
-def check_orders(scenario: Scenario) -> None:
-    """Run *scenario* under ORDERS task orders, every checker on each.
+def check_orders(scenario: Scenario, backend: AsyncBackend) -> None:
+    """Run *scenario* on *backend* under ORDERS task orders, every checker on each.
 
     trio shuffles each batch of runnable tasks with a ``random.Random`` that its Hypothesis
     plugin registers with Hypothesis (``hypothesis.register_random``); ``st.random_module()``
     seeds every registered generator. Derandomized, the same orders run every time.
     """
+
+    scenario = dataclasses.replace(scenario, async_backend=backend)
 
     @examples(ORDERS)
     @given(st.random_module())
@@ -319,6 +325,7 @@ def check_orders(scenario: Scenario) -> None:
     each_order()
 
 
+@ON_EACH_BACKEND
 @pytest.mark.parametrize(
     "scenario",
     [
@@ -340,16 +347,19 @@ def check_orders(scenario: Scenario) -> None:
         ),
     ],
 )
-def test_cancelled_stream_is_stopped_or_worker_shutdown(scenario: Scenario) -> None:
+def test_cancelled_stream_is_stopped_or_worker_shutdown(
+    scenario: Scenario, backend: AsyncBackend
+) -> None:
     """Was a bug (trio_worker/_runner.py JobRunner.run / _stream): the stream's nursery wraps
     trio.Cancelled in a BaseExceptionGroup, which ``except trio.Cancelled: raise`` missed,
     so ``except BaseException`` reported a stopped streaming job (error_type
     BaseExceptionGroup) instead of settling it STOPPED, and reported one cut by the
     shutdown grace as BaseExceptionGroup instead of worker_shutdown."""
-    check_orders(scenario)
+    check_orders(scenario, backend)
 
 
-def test_stop_before_init_failure_is_not_reported() -> None:
+@ON_EACH_BACKEND
+def test_stop_before_init_failure_is_not_reported(backend: AsyncBackend) -> None:
     """Was a bug (trio_worker/_supervisor.py, the FAIL paths ignored stop_requested): a stop
     for j0 reaches the worker at t=0.5 before j0 is held; the initializer fails at t=1; the
     take in flight delivers j0 at t=1.25; _admit marked the stop, but _take_once ->
@@ -359,11 +369,13 @@ def test_stop_before_init_failure_is_not_reported() -> None:
             init=InitPlan("raise", 1.0, "RuntimeError", Text("boom", 1), None),
             batches=(Batch(1.25, (JobPlan("return", 0.0),)),),
             stops=(StopPlan(0.5, 0, "direct"),),
-        )
+        ),
+        backend,
     )
 
 
-def test_fake_platform_stop_racing_the_job_end() -> None:
+@ON_EACH_BACKEND
+def test_fake_platform_stop_racing_the_job_end(backend: AsyncBackend) -> None:
     """Was a bug in the fake platform (trio_worker/testing/_app.py FakePlatform._stop,
     _platform_core.py _mark_stops_delivered): the stop long-poll took its ids from hold(),
     whose nursery exit is a checkpoint; j0 finishing right then dropped its pending stop,
@@ -379,12 +391,14 @@ def test_fake_platform_stop_racing_the_job_end() -> None:
             timings=fast,
             take_hold=0.5,
             stop_hold=0.5,
-        )
+        ),
+        backend,
     )
 
 
+@ON_EACH_BACKEND
 @pytest.mark.parametrize("outcome", ["stream_error_chunk", "stream_nonjson"])
-def test_stream_left_early_is_closed(outcome: JobOutcome) -> None:
+def test_stream_left_early_is_closed(outcome: JobOutcome, backend: AsyncBackend) -> None:
     """Was a bug (trio_worker/_runner.py JobRunner._stream): a stream ending on an error chunk
     or a non-JSON chunk was left with ``break`` and never closed; the user's generator
     cleanup ran only when garbage collected, and trio warned "Async generator ... was
@@ -392,6 +406,7 @@ def test_stream_left_early_is_closed(outcome: JobOutcome) -> None:
     scenario = minimal(
         handler="async_generator",
         batches=(Batch(0.0, (JobPlan(outcome, 1.0, 1),)),),
+        async_backend=backend,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -25,6 +25,7 @@ __all__ = [
     "GENERATORS",
     "PLAIN",
     "SYNC_HANDLERS",
+    "AsyncBackend",
     "Batch",
     "FaultPlan",
     "InitPlan",
