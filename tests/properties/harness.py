@@ -169,10 +169,11 @@ class HandlerRun:
     start_seq: int
     start_time: float
     planned_end: float
-    end_seq: int = -1  # -1: its code never finished (a thread abandoned, or still running)
+    end_seq: int = -1  # -1: its code never finished within the run (abandoned, or running)
     end_time: float = math.nan
     interrupted: bool = False
     thread: bool = False  # sync code, run in the worker's threads
+    task: bool = False  # async code on the asyncio backend, run as an asyncio task
     at_yield: bool = False  # a generator suspended at a yield (the worker holds its chunk)
     yielded_at: float = math.nan  # when it last yielded
     # Who closed a generator left at a yield: "worker" (its cleanup ran to the end),
@@ -216,6 +217,7 @@ class Recorder:
     init_interrupted: float | None = None
     init_abandoned_end: float | None = None  # a sync initializer that ran on, abandoned
     baton: Baton | None = None  # drives the threads of sync user code (threads.py)
+    over: bool = False  # the trio run has ended: user code still running then never ends
     sigterm: tuple[int, float] | None = None
     serve_outcome: BaseException | str = "running"
     serve_end: float = math.nan
@@ -624,6 +626,10 @@ class UserCode:
             await waits.sleep(plan.duration)
         except BaseException:
             rec.init_interrupted = waits.now()
+            if plan.cleanup and self._cleans_up():
+                # Drawn for asyncio code only: its cancellation is delivered once, so its
+                # cleanup may await (releasing a model), and the worker waits for it.
+                await asyncio.sleep(plan.cleanup)
             raise
         self._init_outcome(waits.now())
 
@@ -657,15 +663,48 @@ class UserCode:
 
     def _start(self, job_id: str, plan: JobPlan, at: float, *, thread: bool) -> HandlerRun:
         seq, now = self.rec.tick(at)
-        run = HandlerRun(job_id, seq, now, now + plan.duration, thread=thread)
+        on_asyncio = not thread and self.scenario.async_backend == "asyncio"
+        run = HandlerRun(job_id, seq, now, now + plan.duration, thread=thread, task=on_asyncio)
         self.rec.handlers[job_id] = run
         return run
 
     def _end(self, run: HandlerRun, *, interrupted: bool, at: float) -> None:
-        if self.rec.baton is not None and self.rec.baton.closed:
-            return  # the run is over (RunOver): the thread was abandoned, it never ended
+        if self.rec.over or (self.rec.baton is not None and self.rec.baton.closed):
+            # The run is over (RunOver in a thread; the host loop cancelling the tasks left
+            # on it): the code was abandoned, it never ended.
+            return
         run.end_seq, run.end_time = self.rec.tick(at)
         run.interrupted = interrupted
+
+    def _cleans_up(self) -> bool:
+        """Whether a cancelled plan awaits its drawn cleanup now: after a stop or
+        init_timeout, and after a shutdown request only if the scenario says so."""
+        return self.rec.sigterm is None or self.scenario.shutdown_cleanup
+
+    async def _nap(self, seconds: float, plan: JobPlan) -> bool:
+        """Wait *seconds* as the plan says; True when it swallowed a cancellation.
+
+        On the asyncio backend a plan may await its cleanup once cancelled, or ignore the
+        cancellation and run on to its end (the strategies draw neither for trio code:
+        trio's cancellation is level-triggered, every later await would raise again).
+        """
+        if not (plan.ignores_cancel or plan.cleanup):
+            await self.waits.sleep(seconds)
+            return False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        swallowed = False
+        while True:
+            try:
+                await asyncio.sleep(max(0.0, end - loop.time()))
+                return swallowed
+            except asyncio.CancelledError:
+                if plan.ignores_cancel:
+                    swallowed = True
+                    continue
+                if self._cleans_up():
+                    await asyncio.sleep(plan.cleanup)
+                raise
 
     def _result(self, job_id: str, plan: JobPlan) -> Any:
         if plan.outcome == "raise":
@@ -681,11 +720,11 @@ class UserCode:
         waits = self.waits
         run = self._start(job["id"], plan, waits.now(), thread=False)
         try:
-            await waits.sleep(plan.duration)
+            swallowed = await self._nap(plan.duration, plan)
         except BaseException:
             self._end(run, interrupted=True, at=waits.now())
             raise
-        self._end(run, interrupted=False, at=waits.now())
+        self._end(run, interrupted=swallowed, at=waits.now())
         return self._result(job["id"], plan)
 
     async def generator(self, job: dict[str, Any]) -> AsyncIterator[Any]:
@@ -700,7 +739,7 @@ class UserCode:
         for kind, value in script(job_id, plan):
             if kind == "sleep":
                 try:
-                    await waits.sleep(value)
+                    await self._nap(value, plan)
                 except BaseException:
                     self._end(run, interrupted=True, at=waits.now())
                     raise
@@ -1020,6 +1059,7 @@ async def _main(scn: Scenario, rec: Recorder) -> FakePlatform:
             await nursery.start(worker)
             nursery.start_soon(_drive, scn, platform, rec)
     rec.hung = guard.cancelled_caught
+    rec.over = True
     if capture is not None:
         capture.stop()
     return platform
@@ -1180,11 +1220,19 @@ def parse_report(raw: bytes) -> Report:
 
 @dataclass(frozen=True)
 class InitExpectation:
-    """When (if ever) the initializer fails, by the drawn plan; ``exact`` is False on ties."""
+    """When (if ever) the initializer fails, by the drawn plan; ``either`` on ties."""
 
     fails_at: float | None  # None: never fails
     timeout: bool
     either: bool  # a tie: success/other outcome is also allowed
+    # A tie on the asyncio backend between init_timeout and an initializer with a cleanup:
+    # if the initializer had returned already, nothing is left to wait for.
+    or_at: float | None = None
+
+
+# How long the worker waits for a cancelled asyncio initializer (await_on_asyncio's
+# cancel_bound in trio_worker/_asyncio_host.py) before giving up on it.
+ASYNCIO_INIT_CANCEL_BOUND = 5.0
 
 
 def expected_init(run: Run) -> InitExpectation:
@@ -1194,20 +1242,25 @@ def expected_init(run: Run) -> InitExpectation:
         return InitExpectation(None, False, False)
     limit = plan.timeout
     end = math.inf if plan.outcome == "hang" else plan.duration
+    # An asyncio initializer cut by init_timeout: the failure comes once its cleanup is over.
+    cleanup = min(plan.cleanup, ASYNCIO_INIT_CANCEL_BOUND)
+    or_at = None
     if limit is not None and limit == 0:
-        fails_at, timeout, tie = 0.0, True, False
+        fails_at, timeout, tie = 0.0, True, False  # cut before it is even called
     elif limit is not None and limit < end:
-        fails_at, timeout, tie = limit, True, False
+        fails_at, timeout, tie = limit + cleanup, True, False
     elif limit is not None and limit == end:
-        fails_at, timeout, tie = limit, True, True
+        fails_at, timeout, tie = limit + cleanup, True, True
+        or_at = limit if cleanup else None
     elif plan.outcome == "raise":
         fails_at, timeout, tie = end, False, False
     else:
         return InitExpectation(None, False, False)
     if sigterm is not None and sigterm <= fails_at:
         # SIGTERM cancels the initializer: not a failure (a tie may go either way).
-        return InitExpectation(None, False, sigterm == fails_at)
-    return InitExpectation(fails_at, timeout, tie)
+        tied = sigterm == fails_at or (or_at is not None and sigterm >= or_at)
+        return InitExpectation(None, False, tied)
+    return InitExpectation(fails_at, timeout, tie, or_at)
 
 
 def failure_of(run: Run) -> Any:
@@ -1382,7 +1435,11 @@ def check_init_failure(run: Run) -> list[str]:
         return out
     if expect.fails_at is None and not expect.either:
         out.append(f"I3: init failed ({failure.error_type}) but the plan says it cannot")
-    elif expect.fails_at is not None and abs(failure.failed_at - expect.fails_at) > EPS:
+    elif expect.fails_at is not None and all(
+        abs(failure.failed_at - at) > EPS
+        for at in (expect.fails_at, expect.or_at)
+        if at is not None
+    ):
         out.append(f"I3: init failed at {failure.failed_at:g}, expected {expect.fails_at:g}")
     bound = failure.failed_at + timings.report_deadline + timings.claim_grace
     if rec.serve_end > bound + EPS:
@@ -1770,10 +1827,10 @@ def check_phases(run: Run) -> list[str]:
 
 
 def check_thread_slots(run: Run) -> list[str]:
-    """§9 for sync code: a stopped job keeps its slot until its thread returns, so at every
-    handler start the handlers still running (threads included) fit the concurrency in
-    force; serve() never returns while a handler thread runs, unless the end of the
-    shutdown grace abandoned it."""
+    """§9 for code outside trio: a stopped job keeps its slot until its thread (or, on the
+    asyncio backend, its asyncio task) returns, so at every handler start the handlers
+    still running fit the concurrency in force; serve() never returns while a handler
+    thread or task runs, unless the end of the shutdown grace abandoned it."""
     rec = run.rec
     out = []
     events: list[tuple[int, str, int]] = []
@@ -1802,10 +1859,11 @@ def check_thread_slots(run: Run) -> list[str]:
     if rec.sigterm is not None:
         grace_end = rec.sigterm[1] + run.scenario.timings.shutdown_grace
     for h in rec.handlers.values():
-        if h.thread and h.end_seq < 0 and rec.serve_end < grace_end - EPS:
+        if (h.thread or h.task) and h.end_seq < 0 and rec.serve_end < grace_end - EPS:
+            where = "thread" if h.thread else "asyncio task"
             out.append(
                 f"threads {h.job_id}: serve() returned at {rec.serve_end:g} with its handler "
-                f"thread running, before the shutdown grace ended ({grace_end:g})"
+                f"{where} running, before the shutdown grace ended ({grace_end:g})"
             )
     return out
 
@@ -1887,6 +1945,14 @@ def describe(run: Run) -> list[str]:
         labels.append("a sync initializer was abandoned")
     if any(h.closed == "worker" for h in rec.handlers.values()):
         labels.append("a generator left at a yield was closed")
+    plans = {f"j{k}": p for k, p in enumerate(run.scenario.jobs)}
+    cut = [(h, plans[h.job_id]) for h in rec.handlers.values() if h.task and h.interrupted]
+    if any(plan.cleanup for _, plan in cut) or (
+        run.scenario.init.cleanup and rec.init_interrupted is not None
+    ):
+        labels.append("asyncio code awaited its cleanup once cancelled")
+    if any(plan.ignores_cancel for _, plan in cut):
+        labels.append("an asyncio handler swallowed its cancellation")
     return labels
 
 
