@@ -555,9 +555,17 @@ NONJSON: list[object] = [{"a": {1, 2}}, b"bytes", float("nan")]
 class Waits(Protocol):
     """How async user code waits and tells time, in its own library."""
 
+    # The errors (keys of `make_error`) this library's own timeouts raise.
+    TIMEOUTS: frozenset[str]
+
     def now(self) -> float: ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    async def time_out(self, seconds: float) -> None:
+        """Wait until the library's own timeout fires after *seconds* (a user's
+        ``fail_after``/``asyncio.timeout`` around a call that never answers); its error is
+        then swallowed, and the caller raises the planned one."""
 
     async def sleep_forever(self) -> None: ...
 
@@ -567,11 +575,20 @@ class Waits(Protocol):
 class TrioWaits:
     """The trio backend: async user code is trio code."""
 
+    TIMEOUTS = frozenset({"trio.TooSlowError"})
+
     def now(self) -> float:
         return trio.current_time()
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+    async def time_out(self, seconds: float) -> None:
+        try:
+            with trio.fail_after(seconds):
+                await trio.sleep_forever()
+        except trio.TooSlowError:
+            return
 
     async def sleep_forever(self) -> None:
         await trio.sleep_forever()
@@ -585,11 +602,22 @@ class AsyncioWaits:
     host loop, whose time is the example's virtual clock (``HostLoopClock``). A stop, the
     shutdown grace or ``init_timeout`` reaches it as ``asyncio.CancelledError``."""
 
+    TIMEOUTS = frozenset({"TimeoutError", "asyncio.TimeoutError"})
+
     def now(self) -> float:
         return asyncio.get_running_loop().time()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def time_out(self, seconds: float) -> None:
+        # asyncio.timeout cancels the task and turns its own cancellation into
+        # TimeoutError: a stop landing at the same instant must still cancel the job.
+        try:
+            async with asyncio.timeout(seconds):
+                await asyncio.get_running_loop().create_future()
+        except TimeoutError:
+            return
 
     async def sleep_forever(self) -> None:
         await asyncio.get_running_loop().create_future()
@@ -623,7 +651,10 @@ class UserCode:
         try:
             if plan.outcome == "hang":
                 await waits.sleep_forever()
-            await waits.sleep(plan.duration)
+            if plan.outcome == "raise" and plan.error in waits.TIMEOUTS:
+                await waits.time_out(plan.duration)
+            else:
+                await waits.sleep(plan.duration)
         except BaseException:
             rec.init_interrupted = waits.now()
             if plan.cleanup and self._cleans_up():
@@ -688,15 +719,18 @@ class UserCode:
         cancellation and run on to its end (the strategies draw neither for trio code:
         trio's cancellation is level-triggered, every later await would raise again).
         """
+        waits = self.waits
+        # A handler raising its library's own timeout error gets it from that timeout.
+        wait = waits.time_out if plan.outcome == "raise" and plan.error in waits.TIMEOUTS else None
         if not (plan.ignores_cancel or plan.cleanup):
-            await self.waits.sleep(seconds)
+            await (wait or waits.sleep)(seconds)
             return False
         loop = asyncio.get_running_loop()
         end = loop.time() + seconds
         swallowed = False
         while True:
             try:
-                await asyncio.sleep(max(0.0, end - loop.time()))
+                await (wait or asyncio.sleep)(max(0.0, end - loop.time()))
                 return swallowed
             except asyncio.CancelledError:
                 if plan.ignores_cancel:
