@@ -232,6 +232,32 @@ def test_stop_signals(data: st.DataObject) -> None:
     )
 
 
+@examples(200)
+@given(st.data())
+def test_stopped_code_keeps_its_slot(data: st.DataObject) -> None:
+    """Stops aimed at running jobs, at concurrency 1-2 with more jobs waiting: code that
+    runs on after its cancellation (a sync handler's thread, a generator's close, an asyncio
+    task awaiting its cleanup or swallowing the cancellation) keeps its job's slot until it
+    returns, and serve() does not return before it."""
+    run_and_check(
+        data,
+        scenarios(
+            init=init_plans(outcomes=("none",)),
+            outcomes=("return", "raise", "stream"),
+            concurrency=concurrencies(low=1, high=2, callable_p=False),
+            max_jobs=3,
+            min_duration=1.0,
+            max_duration=6.0,
+            horizon=3.0,
+            stops=3,
+            stop_kinds=("stop", "direct"),
+            stop_window=(0.25, 2.0),
+            faults=0,
+            sigterm_p=0.2,
+        ),
+    )
+
+
 @examples(120)
 @given(st.data())
 def test_pings_list_exactly_the_held_ids(data: st.DataObject) -> None:

@@ -250,8 +250,8 @@ class NetStep:
 
 
 PLAIN = NetStep()
-# How long asyncio user code awaits in its cleanup once cancelled (mostly not at all).
-CLEANUPS = (0.0, 0.0, 0.25, 1.0, 3.0)
+# How long asyncio user code awaits in its cleanup once cancelled.
+CLEANUPS = (0.0, 0.25, 1.0, 3.0)
 # The worker's async_backend: where its async user code runs (docs/design.md §2).
 AsyncBackend = Literal["trio", "asyncio"]
 BACKENDS: tuple[AsyncBackend, ...] = ("trio", "asyncio")
@@ -402,7 +402,10 @@ def job_plans(
     # An async generator that swallowed its cancellation would go on yielding into a pump
     # the worker has given up on (after sync_close_bound): only plain handlers ignore it.
     plain = kind == "async" and outcome not in STREAM_OUTCOMES
-    ignores = (sync or (on_asyncio and plain)) and draw(st.integers(0, 2)) == 0
+    if sync:
+        ignores = draw(st.integers(0, 2)) == 0
+    else:
+        ignores = on_asyncio and plain and draw(st.booleans())
     cleanup = draw(st.sampled_from(CLEANUPS)) if on_asyncio and not ignores else 0.0
     return JobPlan(outcome, duration, chunks, error, message, ignores, cleanup)
 
@@ -465,6 +468,7 @@ def scenarios(
     concurrency: st.SearchStrategy[int | tuple[int, ...]] | None = None,
     stops: int = 3,
     stop_kinds: tuple[StopHow, ...] = ("stop", "stop_addressed", "cancel", "direct", "ghost"),
+    stop_window: tuple[float, float] | None = None,
     faults: int = 2,
     fault_routes: tuple[str, ...] = ROUTES,
     sigterm_p: float = 0.5,
@@ -507,7 +511,8 @@ def scenarios(
                 # Mostly relative to the target's arrival, so stops find it queued, at the
                 # gate, running or reporting, not only long finished.
                 arrival = arrivals[target]
-                at = max(0.0, arrival + draw(quarters(-1, max_duration + 1)))
+                low, high = stop_window or (-1, max_duration + 1)
+                at = max(0.0, arrival + draw(quarters(low, high)))
             else:
                 at = draw(quarters(0, horizon + max_duration))
             stop_plans.append(StopPlan(at, target, how))
