@@ -446,9 +446,10 @@ def test_stream_left_early_is_closed(outcome: JobOutcome, backend: AsyncBackend)
 
 # -- found on the asyncio backend, not fixed yet ---------------------------------------------
 #
-# The property suite runs the drawn cleanups of asyncio code (JobPlan.cleanup,
-# InitPlan.cleanup) only after a stop or init_timeout (Scenario.shutdown_cleanup is never
-# drawn) until these are decided.
+# Until these are decided, the property suite runs the drawn cleanups of asyncio code
+# (JobPlan.cleanup, InitPlan.cleanup) only after a stop or init_timeout
+# (Scenario.shutdown_cleanup is never drawn), and draws none longer than 1 s (a shutdown
+# request may still come while one is under way).
 
 _GRACELESS = dataclasses.replace(_TIMINGS, shutdown_grace=0.0, report_deadline=1.0)
 
