@@ -41,6 +41,12 @@ class HostLoopClock(trio.abc.Clock):
     jumps to the earlier of trio's next deadline and asyncio's next timer. Outside
     :meth:`sharing` it is a virtual clock that stands still.
 
+    With ``autojump=False`` it never jumps by itself: time moves only by :meth:`jump` (the
+    property suite's ``Baton``, ``tests/properties/threads.py``, is then the autojump, and
+    asks :meth:`next_host_timer`). Either way, while the loop has a callback ready or a
+    timer due, trio is told to look again at once, so ``wait_all_tasks_blocked`` returns
+    only once both sides are idle.
+
     ``MockClock`` cannot be subclassed, and trio autojumps only a ``MockClock``, so the rule
     lives here, in ``deadline_to_sleep_time``, which trio calls when none of its tasks is
     runnable. It reads two private attributes of CPython's ``BaseEventLoop`` (``_ready`` and
@@ -54,7 +60,8 @@ class HostLoopClock(trio.abc.Clock):
     # Nothing scheduled on either side: wait for events (a thread's result) this long.
     IDLE_POLL = 0.01
 
-    def __init__(self) -> None:
+    def __init__(self, *, autojump: bool = True) -> None:
+        self.autojump = autojump
         self._now = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._steps = 0
@@ -85,21 +92,31 @@ class HostLoopClock(trio.abc.Clock):
             self._loop = None
             trio.lowlevel.remove_instrument(counter)
 
-    def deadline_to_sleep_time(self, deadline: float) -> float:
-        loop = self._loop
-        now = self._now
-        if loop is None:
-            return 0.0 if deadline <= now else 999_999_999.0
-        if loop._ready:  # type: ignore[attr-defined]
-            # A zero timeout schedules trio's next tick behind asyncio's ready callbacks.
-            return 0.0
-        timer = min(
-            (h.when() for h in loop._scheduled if not h.cancelled()),  # type: ignore[attr-defined]
+    def host_busy(self) -> bool:
+        """The shared loop has a callback ready to run (always False outside :meth:`sharing`)."""
+        return self._loop is not None and bool(self._loop._ready)  # type: ignore[attr-defined]
+
+    def next_host_timer(self) -> float:
+        """When the shared loop's next timer is due (``math.inf``: none, or not sharing)."""
+        if self._loop is None:
+            return math.inf
+        return min(
+            (h.when() for h in self._loop._scheduled if not h.cancelled()),  # type: ignore[attr-defined]
             default=math.inf,
         )
-        target = min(deadline, timer)
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        now = self._now
+        if self.host_busy():
+            # A zero timeout schedules trio's next tick behind asyncio's ready callbacks,
+            # and tells wait_all_tasks_blocked that the host is not idle yet.
+            return 0.0
+        target = min(deadline, self.next_host_timer())
         if target <= now:
             return 0.0
+        if not self.autojump or self._loop is None:
+            # Time moves only by jump(): wait for I/O, a thread, or wait_all_tasks_blocked.
+            return 999_999_999.0
         if self._steps != self._steps_at_last_look:
             self._steps_at_last_look = self._steps
             return self.IDLE_LOOK

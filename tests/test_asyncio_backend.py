@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import json
 import runpy
 from collections.abc import AsyncIterator
@@ -173,6 +174,79 @@ async def test_shutdown_past_the_grace_cancels_the_handler_and_reports_the_job(
         record = await platform.wait_for_status(job_id, "FAILED")
     assert seen == ["CancelledError"]
     assert "shutdown" in inner_error(record)["error_message"].lower()
+
+
+@ASYNCIO_ONLY
+async def test_a_task_abandoned_at_the_end_of_the_grace_leaves_no_unretrieved_error(
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by the property suite: a handler that swallows its cancellation is abandoned
+    # when the grace ends (its job reported worker_shutdown); when it raises later, asyncio
+    # must not log "Task exception was never retrieved" with the user's traceback.
+    started = trio.Event()
+    raised: list[str] = []
+
+    async def handler(job: dict[str, Any]) -> object:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # swallowed: it runs on past the grace
+        await asyncio.sleep(30)
+        raised.append("late")
+        raise RuntimeError("raised after the worker moved on")
+
+    platform = FakePlatform(take_hold=1.0)
+    job_id = platform.enqueue({})
+    async with trio.open_nursery() as nursery:
+        handle = await start_worker(
+            nursery, platform, handler, timings=trio_worker.Timings(shutdown_grace=1.0)
+        )
+        await started.wait()
+        handle.shutdown("test")
+    assert "shutdown" in inner_error(platform.job(job_id))["error_message"].lower()
+    await trio.sleep(60)  # virtual: the abandoned task raises meanwhile
+    assert raised == ["late"]
+    gc.collect()
+    assert "never retrieved" not in caplog.text
+
+
+@ASYNCIO_ONLY
+async def test_a_stream_whose_cleanup_outlasts_its_bound_leaves_no_unretrieved_error(
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The worker stops waiting for a stopped generator's cleanup after sync_close_bound;
+    # when that cleanup fails later, asyncio must not log "Task exception was never
+    # retrieved" either.
+    streaming = trio.Event()
+    raised: list[str] = []
+
+    async def handler(job: dict[str, Any]) -> AsyncIterator[int]:
+        try:
+            yield 1
+            streaming.set()
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(30)  # past the bound
+            raised.append("late")
+            raise RuntimeError("cleanup failed after the worker moved on")
+
+    platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
+    async with trio.open_nursery() as nursery:
+        handle = await start_worker(
+            nursery, platform, handler, timings=trio_worker.Timings(sync_close_bound=1.0)
+        )
+        job_id = platform.enqueue({})
+        await streaming.wait()
+        handle.stop_job(job_id)
+        await trio.sleep(10)  # virtual: the close bound passes, the job is settled
+        assert not handle.held_ids
+        nursery.cancel_scope.cancel()
+    await trio.sleep(60)  # virtual: the cleanup raises meanwhile
+    assert raised == ["late"]
+    gc.collect()
+    assert "never retrieved" not in caplog.text
+    assert "async generator cleanup cut after 1.0s" in caplog.text
 
 
 @ASYNCIO_ONLY

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
 import trio
+import trio.testing
 
-from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS, HostLoopClock, sleep_for
+from tests.backends import (
+    ASYNCIO_ONLY,
+    BOTH_BACKENDS,
+    HostLoopClock,
+    run_on_asyncio_host,
+    sleep_for,
+)
 from trio_worker._asyncio_host import await_on_asyncio
 
 
@@ -106,3 +114,67 @@ async def test_sharing_ends_with_the_block() -> None:
         assert loop.time() >= real
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("autojump", [True, False], ids=["autojump", "manual"])
+def test_trio_counts_as_idle_only_once_the_host_loop_is(autojump: bool) -> None:
+    # The property suite's Baton resumes threads and jumps the clock when
+    # wait_all_tasks_blocked returns: asyncio work still queued must come first.
+    steps: list[int] = []
+
+    async def busy() -> None:
+        for n in range(2_000):
+            await asyncio.sleep(0)
+            steps.append(n)
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(busy())
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(steps) == 2_000
+        assert task.done()
+
+    run_on_asyncio_host(main, clock=HostLoopClock(autojump=autojump))
+
+
+def test_without_autojump_time_moves_only_by_jump() -> None:
+    clock = HostLoopClock(autojump=False)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        woke: list[float] = []
+
+        async def nap() -> None:
+            await asyncio.sleep(5)
+            woke.append(loop.time())
+
+        task = loop.create_task(nap())
+        await trio.testing.wait_all_tasks_blocked()
+        # Idle on both sides, and still no jump: time belongs to whoever calls jump().
+        assert trio.current_time() == 0
+        assert clock.next_host_timer() == pytest.approx(5)
+        clock.jump(5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == [pytest.approx(5)]
+        assert task.done()
+        assert clock.next_host_timer() == math.inf
+        with trio.move_on_after(100) as scope:
+            await trio.testing.wait_all_tasks_blocked()
+            assert trio.current_time() == pytest.approx(5)  # a trio deadline: no jump either
+            clock.jump(100)
+            await trio.lowlevel.checkpoint()
+        assert scope.cancelled_caught
+        # A thread at work: autojump would leap to the pending deadline (it is blind to
+        # threads); without it the clock waits for whoever drives it.
+        with trio.move_on_after(1):
+            await trio.to_thread.run_sync(time.sleep, 0.02)
+        assert trio.current_time() == pytest.approx(105)
+
+    wall = time.monotonic()
+    run_on_asyncio_host(main, clock=clock)
+    assert time.monotonic() - wall < 30  # a hang guard, not a timing claim
+
+
+def test_next_host_timer_outside_sharing_is_infinite() -> None:
+    clock = HostLoopClock(autojump=False)
+    assert clock.next_host_timer() == math.inf
+    assert not clock.host_busy()

@@ -189,6 +189,17 @@ def _result(task: asyncio.Task[T]) -> T:
         raise escaped.exc from None
 
 
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Done callback of a task whose caller has moved on: what it raised is not news.
+
+    Without it, a task that ends with an error after its caller stopped waiting (abandoned
+    at the end of the shutdown grace, or past a bound) makes asyncio log "Task exception was
+    never retrieved", with the user's traceback, when the task is garbage collected.
+    """
+    if not task.cancelled():
+        task.exception()
+
+
 async def await_on_asyncio(
     awaitable: Awaitable[T],
     *,
@@ -215,9 +226,8 @@ async def await_on_asyncio(
         await finished.wait()
     except trio.Cancelled:
         task.cancel()
+        task.add_done_callback(_retrieved)  # now, or once it ends after we stop waiting
         await _wait_cancelled(finished, waits, cancel_bound)
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: what it raised while cancelled is not news
         raise
     return _result(task)
 
@@ -325,5 +335,6 @@ class AsyncioChunks:
             await self._finished.wait()
         if scope.cancelled_caught:
             log.warning("async generator cleanup cut after %.1fs", self._close_bound)
+            self._task.add_done_callback(_retrieved)
         elif not self._task.cancelled() and self._task.exception() is not None:
             log.debug("async generator ended with %r while closing", repr(self._task.exception()))

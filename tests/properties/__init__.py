@@ -6,7 +6,7 @@ repository. ``tests/test_properties.py`` applies them to its own tests:
 
 * ``default`` (CI): a fixed seed (``derandomize``), so CI is reproducible, with enough
   examples per property that the mutation check (``scripts/mutation_check.py``) catches
-  every planted bug; ``tests/test_properties.py`` runs in about 70 s on 2 cores.
+  every planted bug; ``tests/test_properties.py`` runs in about 100 s on 2 cores.
 * ``soak``: random seeds, 40 times the examples, the example database on, for long
   exploratory runs.
 

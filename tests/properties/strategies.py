@@ -5,12 +5,14 @@ example is printed by Hypothesis as the repr of what was drawn: a reader must be
 replay it by eye. Huge strings are carried as `Text` (``unit * count``) so the repr stays
 one line.
 
-Times are virtual seconds (``trio.testing.MockClock``) on a quarter-second grid, so
-independent events often land on the same instant: ties are where races live.
+Times are virtual seconds (``trio.testing.MockClock``, or ``HostLoopClock`` on the asyncio
+backend) on a quarter-second grid, so independent events often land on the same instant:
+ties are where races live.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -20,10 +22,12 @@ from hypothesis import strategies as st
 import trio_worker
 
 __all__ = [
+    "BACKENDS",
     "ERRORS",
     "GENERATORS",
     "PLAIN",
     "SYNC_HANDLERS",
+    "AsyncBackend",
     "Batch",
     "FaultPlan",
     "InitPlan",
@@ -113,6 +117,9 @@ class InitPlan:
     # ignores cancellation never calls check_cancelled() and runs on after it is abandoned.
     sync: bool = False
     ignores_cancel: bool = False
+    # An async initializer on the asyncio backend: once cancelled (init_timeout, SIGTERM) it
+    # awaits this long in its cleanup before re-raising, as asyncio code may.
+    cleanup: float = 0.0
 
     def __repr__(self) -> str:
         if self.outcome == "none":
@@ -124,6 +131,8 @@ class InitPlan:
             what = "hang"
         if self.sync:
             what = f"sync{' ignoring stops' if self.ignores_cancel else ''} {what}"
+        if self.cleanup:
+            what += f", cleanup {self.cleanup:g}s"
         return f"InitPlan({what}, init_timeout={self.timeout!r})"
 
 
@@ -136,9 +145,14 @@ class JobPlan:
     chunks: int = 0
     error: str = "RuntimeError"
     message: Text = Text("boom", 1)
-    # Sync handlers only: never call check_cancelled(), so a stopped job's thread runs to
-    # its end (the job keeps its slot) unless the end of the shutdown grace abandons it.
+    # Sync handlers: never call check_cancelled(), so a stopped job's thread runs to its end
+    # (the job keeps its slot) unless the end of the shutdown grace abandons it. An async
+    # handler on the asyncio backend: swallows asyncio.CancelledError and runs to its end.
     ignores_cancel: bool = False
+    # Async code on the asyncio backend: once cancelled, it awaits this long in its cleanup
+    # (closing a connection) before re-raising, as asyncio code may (trio's cancellation
+    # would cut such a wait at once).
+    cleanup: float = 0.0
 
     @property
     def streams(self) -> bool:
@@ -152,6 +166,8 @@ class JobPlan:
             extra += f", {self.error}({self.message!r})"
         if self.ignores_cancel:
             extra += ", ignores stops"
+        if self.cleanup:
+            extra += f", cleanup {self.cleanup:g}s"
         return f"JobPlan({self.outcome}, {self.duration:g}s{extra})"
 
 
@@ -235,6 +251,15 @@ class NetStep:
 
 
 PLAIN = NetStep()
+# How long asyncio user code awaits in its cleanup once cancelled. At most 1 s, the least
+# report_deadline drawn: a shutdown request arriving while a cleanup is under way (after a
+# stop or init_timeout) makes serve() wait for an initializer's or a stream's cleanup (the
+# xfail reproductions in tests/test_properties.py), and 1 s keeps that within the bound
+# the `shutdown` checker holds.
+CLEANUPS = (0.0, 0.25, 0.5, 1.0)
+# The worker's async_backend: where its async user code runs (docs/design.md §2).
+AsyncBackend = Literal["trio", "asyncio"]
+BACKENDS: tuple[AsyncBackend, ...] = ("trio", "asyncio")
 WHENS: tuple[Literal["before", "after"], ...] = ("before", "after")
 HandlerKind = Literal["async", "async_generator", "sync", "sync_generator"]
 # Sync kinds run in threads (each step of a sync generator too): about a third of the
@@ -270,6 +295,14 @@ class Scenario:
     ping_ms: int
     logs: Text | None  # captured output the fake capture hands out; None: capture_logs="off"
     network: bool  # draw NetSteps for requests (else every request goes through plainly)
+    # "asyncio": the async user code is asyncio code, run as asyncio tasks on the loop
+    # hosting the worker (trio as its guest); sync code is the same on both.
+    async_backend: AsyncBackend = "trio"
+    # The drawn cleanups (asyncio code) run after a shutdown request too. Never drawn: the
+    # worker then waits for an initializer's or a stream's cleanup up to 5 s past the
+    # grace, beyond the bound the `shutdown` checker holds (the xfail reproductions in
+    # tests/test_properties.py); by default they run only after a stop or init_timeout.
+    shutdown_cleanup: bool = False
 
     @property
     def jobs(self) -> tuple[JobPlan, ...]:
@@ -359,7 +392,8 @@ def job_plans(
     huge: float,
     max_duration: float,
     min_duration: float = 0.0,
-    sync: bool = False,
+    kind: HandlerKind = "async",
+    backend: AsyncBackend = "trio",
 ) -> JobPlan:
     outcome = draw(st.sampled_from(outcomes))
     if outcome == "malformed":
@@ -368,8 +402,17 @@ def job_plans(
     chunks = draw(st.integers(0, 3)) if outcome in STREAM_OUTCOMES else 0
     error = draw(st.sampled_from(ERRORS))
     message = draw(texts(huge)) if outcome in ("raise", "stream_raise") else Text("boom", 1)
-    ignores = sync and draw(st.integers(0, 2)) == 0
-    return JobPlan(outcome, duration, chunks, error, message, ignores)
+    sync = kind in SYNC_HANDLERS
+    on_asyncio = backend == "asyncio" and not sync
+    # An async generator that swallowed its cancellation would go on yielding into a pump
+    # the worker has given up on (after sync_close_bound): only plain handlers ignore it.
+    plain = kind == "async" and outcome not in STREAM_OUTCOMES
+    if sync:
+        ignores = draw(st.integers(0, 2)) == 0
+    else:
+        ignores = on_asyncio and plain and draw(st.booleans())
+    cleanup = draw(st.sampled_from(CLEANUPS)) if on_asyncio and not ignores else 0.0
+    return JobPlan(outcome, duration, chunks, error, message, ignores, cleanup)
 
 
 ROUTES = ("take", "take_batch", "stop", "done", "stream", "ping")
@@ -423,6 +466,7 @@ def scenarios(
     *,
     init: st.SearchStrategy[InitPlan] | None = None,
     max_jobs: int = 6,
+    min_jobs: int = 0,
     outcomes: tuple[JobOutcome, ...] | None = None,
     max_duration: float = 6.0,
     min_duration: float = 0.0,
@@ -430,15 +474,20 @@ def scenarios(
     concurrency: st.SearchStrategy[int | tuple[int, ...]] | None = None,
     stops: int = 3,
     stop_kinds: tuple[StopHow, ...] = ("stop", "stop_addressed", "cancel", "direct", "ghost"),
+    stop_window: tuple[float, float] | None = None,
     faults: int = 2,
     fault_routes: tuple[str, ...] = ROUTES,
     sigterm_p: float = 0.5,
     huge: float = 0.05,
     network: bool | None = None,
+    backends: tuple[AsyncBackend, ...] = BACKENDS,
 ) -> Scenario:
     """A whole example. The knobs focus a property on its part of the space; every other
     dimension is still drawn."""
+    backend = draw(st.sampled_from(backends))
     init_plan = draw(init if init is not None else init_plans(huge=huge))
+    if backend == "asyncio" and init_plan.outcome != "none" and not init_plan.sync:
+        init_plan = dataclasses.replace(init_plan, cleanup=draw(st.sampled_from(CLEANUPS)))
     if outcomes is None:
         outcomes = (*PLAIN_OUTCOMES, *STREAM_OUTCOMES, "malformed")
     streams = any(o in STREAM_OUTCOMES for o in outcomes)
@@ -447,9 +496,9 @@ def scenarios(
     handler: HandlerKind = draw(st.sampled_from(kinds))
     if handler in GENERATORS:
         outcomes = tuple(o for o in outcomes if o in STREAM_OUTCOMES or o == "malformed")
-    job = job_plans(outcomes, huge, max_duration, min_duration, handler in SYNC_HANDLERS)
+    job = job_plans(outcomes, huge, max_duration, min_duration, handler, backend)
     batches: list[Batch] = []
-    remaining = draw(st.integers(0, max_jobs))
+    remaining = draw(st.integers(min_jobs, max_jobs))
     while remaining > 0:
         size = draw(st.integers(1, min(remaining, 4)))
         batches.append(Batch(draw(quarters(0, horizon)), tuple(draw(job) for _ in range(size))))
@@ -468,7 +517,8 @@ def scenarios(
                 # Mostly relative to the target's arrival, so stops find it queued, at the
                 # gate, running or reporting, not only long finished.
                 arrival = arrivals[target]
-                at = max(0.0, arrival + draw(quarters(-1, max_duration + 1)))
+                low, high = stop_window or (-1, max_duration + 1)
+                at = max(0.0, arrival + draw(quarters(low, high)))
             else:
                 at = draw(quarters(0, horizon + max_duration))
             stop_plans.append(StopPlan(at, target, how))
@@ -494,6 +544,7 @@ def scenarios(
         ping_ms=draw(st.sampled_from([500, 1000, 2500])),
         logs=draw(st.one_of(st.none(), texts(huge))),
         network=draw(st.booleans()) if network is None else network,
+        async_backend=backend,
     )
 
 

@@ -20,7 +20,10 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
   until the thread parks on the baton, or has posted its result (``close()`` of a finished
   generator runs none of our code).
 * **The clock.** The service is the autojump: when every task is blocked and no thread is
-  on its way in or out, it jumps to the next trio deadline or parked thread's wake-up.
+  on its way in or out, it jumps to the next trio deadline or parked thread's wake-up (or,
+  on the asyncio host, the loop's next timer: the clock is then a
+  ``HostLoopClock(autojump=False)``, ``tests/backends.py``, under which
+  ``wait_all_tasks_blocked`` returns only once the host loop is idle too).
 * **Abandonment.** The worker starts every thread with ``abandon_on_cancel=True``: a
   cancelled host task stops counting in ``active_thread_count`` at once. When the count falls
   below the threads the baton believes hosted, each parked thread is *probed*: it calls
@@ -29,7 +32,8 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
 
 Only public trio API is used: ``to_thread``/``from_thread.check_cancelled``,
 ``trio.testing.active_thread_count``/``wait_all_tasks_blocked``/``MockClock.jump``,
-``trio.lowlevel.current_statistics`` and ``add_instrument``.
+``trio.lowlevel.current_statistics`` and ``add_instrument`` (on the asyncio host, the
+``HostLoopClock`` reads the loop's private ready queue and timers).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 import trio.testing
@@ -82,11 +86,26 @@ class _Probe:
     now: float
 
 
-class Baton(trio.abc.Instrument):
-    """The service task, instrument and thread-side API described in the module docstring."""
+class Jumps(Protocol):
+    """A clock that moves only when told (``MockClock()``, ``HostLoopClock(autojump=False)``)."""
 
-    def __init__(self, clock: trio.testing.MockClock) -> None:
+    def jump(self, seconds: float) -> None: ...
+
+
+def _no_timer() -> float:
+    return math.inf
+
+
+class Baton(trio.abc.Instrument):
+    """The service task, instrument and thread-side API described in the module docstring.
+
+    *host_timer* tells when the asyncio host loop's next timer is due (the asyncio backend's
+    user code waits on those): the clock never jumps past it.
+    """
+
+    def __init__(self, clock: Jumps, *, host_timer: Callable[[], float] = _no_timer) -> None:
         self.clock = clock
+        self.host_timer = host_timer
         self._cond = threading.Condition()
         self._threads: list[Parked] = []
         self._entered = 0
@@ -243,7 +262,7 @@ class Baton(trio.abc.Instrument):
             wakes = [t.wake_at for t in self._live() if t.wake_at is not None]
         now = trio.current_time()
         jump = trio.lowlevel.current_statistics().seconds_to_next_deadline
-        jump = min([jump, *(w - now for w in wakes)])
+        jump = min([jump, self.host_timer() - now, *(w - now for w in wakes)])
         if 0 < jump < math.inf:
             self.clock.jump(jump)
 
