@@ -26,6 +26,7 @@ from ._exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+    from contextlib import AbstractContextManager
 
 log = logging.getLogger("trio_worker")
 
@@ -33,9 +34,10 @@ T = TypeVar("T")
 
 
 class Holds(Protocol):
-    """Where a cancelled caller waits for code that has not ended yet (``ThreadWaits``)."""
+    """Where a cancelled caller waits for code that has not ended yet (``ThreadWaits``):
+    shielded, and never past the end of the shutdown grace."""
 
-    async def hold(self, finished: trio.Event) -> None: ...
+    def shielded(self, bound: float = ...) -> AbstractContextManager[trio.CancelScope]: ...
 
 
 # Chunks an async generator may run ahead of the trio side (which has its own bounded
@@ -210,8 +212,8 @@ async def await_on_asyncio(
 
     If the trio scope is cancelled, the asyncio task is cancelled and awaited (shielded)
     before ``trio.Cancelled`` propagates. A task that swallows its cancellation holds its
-    caller as a sync handler's thread does: until ``waits.cancel_all()`` (the end of the
-    shutdown grace), or for *cancel_bound* seconds when there is no *waits*.
+    caller for at most *cancel_bound* seconds and, with *waits*, no later than
+    ``waits.cancel_all()`` (the end of the shutdown grace), as a sync handler's thread does.
     """
     loop = host_loop()
     coro: Coroutine[Any, Any, T] = (
@@ -233,23 +235,24 @@ async def await_on_asyncio(
 
 
 async def _wait_cancelled(finished: trio.Event, waits: Holds | None, bound: float) -> None:
-    if waits is None:
-        with trio.move_on_after(bound, shield=True) as scope:
-            await finished.wait()
-        if scope.cancelled_caught:
-            log.warning("asyncio task still running %.1fs after its cancellation", bound)
-        return
-    await waits.hold(finished)
+    with trio.move_on_after(bound, shield=True) if waits is None else waits.shielded(bound):
+        await finished.wait()
+    if not finished.is_set():
+        log.warning("asyncio task still running after its cancellation; no longer waited for")
 
 
 def asyncio_initializer(
-    initializer: Callable[[], Any], *, is_async: bool
+    initializer: Callable[[], Any], *, is_async: bool, waits: Holds | None = None
 ) -> Callable[[], Awaitable[None]]:
-    """*initializer*, with its coroutine (if it makes one) run as an asyncio task."""
+    """*initializer*, with its coroutine (if it makes one) run as an asyncio task.
+
+    Once cancelled (``init_timeout``, a shutdown) the task gets a bounded wait for its
+    cleanup, which the end of the shutdown grace (*waits*) also ends.
+    """
 
     async def on_host() -> None:
         if is_async:
-            await await_on_asyncio(_call(initializer))
+            await await_on_asyncio(_call(initializer), waits=waits)
             return
         # A sync initializer keeps its abandonable thread (boxed, so a coroutine it
         # returns reaches us), and a coroutine it returns runs on the host loop.
@@ -260,7 +263,7 @@ def asyncio_initializer(
             thread_name="trio_worker initializer",
         )
         if inspect.isawaitable(result):
-            await await_on_asyncio(result)
+            await await_on_asyncio(result, waits=waits)
 
     return on_host
 
@@ -277,12 +280,17 @@ class AsyncioChunks:
     One asyncio task pumps the generator into a bounded buffer and wakes the trio reader
     only when it waits, so a burst of chunks costs one wake-up, not one task per chunk.
     ``aclose()`` cancels the pump (the generator sees ``asyncio.CancelledError`` where it
-    waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup.
+    waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup:
+    *close_bound* seconds at most and, with *waits*, no later than the end of the shutdown
+    grace, after which a plain handler's task is no longer waited for either.
     """
 
-    def __init__(self, source: AsyncIterator[Any], *, close_bound: float) -> None:
+    def __init__(
+        self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds | None = None
+    ) -> None:
         self._source = source
         self._close_bound = close_bound
+        self._waits = waits
         self._buffer: collections.deque[Any] = collections.deque()
         self._room = asyncio.Event()
         self._reader: trio.Event | None = None
@@ -329,12 +337,18 @@ class AsyncioChunks:
     async def aclose(self) -> None:
         if not self._task.done():
             self._task.cancel()
-        # Bounded, not shielded: the one caller (Stream._chunks in _handlers.py) already
-        # closes streams under a shield, and a second one here was never observable.
-        with trio.move_on_after(self._close_bound) as scope:
+        # Without *waits*, bounded, not shielded: the one caller (Stream._chunks in
+        # _handlers.py) already closes streams under a shield.
+        waits = self._waits
+        started = trio.current_time()
+        with (
+            trio.move_on_after(self._close_bound)
+            if waits is None
+            else waits.shielded(self._close_bound)
+        ):
             await self._finished.wait()
-        if scope.cancelled_caught:
-            log.warning("async generator cleanup cut after %.1fs", self._close_bound)
+        if not self._finished.is_set():
+            log.warning("async generator cleanup cut after %.1fs", trio.current_time() - started)
             self._task.add_done_callback(_retrieved)
         elif not self._task.cancelled() and self._task.exception() is not None:
             log.debug("async generator ended with %r while closing", repr(self._task.exception()))

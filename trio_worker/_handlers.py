@@ -12,6 +12,7 @@ cooperatively when its job is stopped.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
@@ -103,14 +104,22 @@ class ThreadWaits:
         for scope in self._scopes:
             scope.cancel()
 
-    async def hold(self, finished: trio.Event) -> None:
-        """Wait, shielded, for *finished*: until it is set or :meth:`cancel_all` runs."""
-        with trio.CancelScope(shield=True) as wait:
+    @contextlib.contextmanager
+    def shielded(self, bound: float = math.inf) -> Iterator[trio.CancelScope]:
+        """A scope shielded from its caller's cancellation that still ends after *bound*
+        seconds or when :meth:`cancel_all` runs, whichever comes first."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + bound) as wait:
             self._register(wait)
             try:
-                await finished.wait()
+                yield wait
             finally:
                 self._scopes.discard(wait)
+
+    async def hold(self, finished: trio.Event, *, bound: float = math.inf) -> None:
+        """Wait, shielded, for *finished*: until it is set, *bound* seconds pass or
+        :meth:`cancel_all` runs."""
+        with self.shielded(bound):
+            await finished.wait()
 
     def _register(self, scope: trio.CancelScope) -> None:
         if self._expired:
@@ -206,8 +215,9 @@ class Stream:
             close = getattr(source, "close", None)
             if close is not None:
                 # Ended early (an error chunk, a stop): run the generator's own cleanup now,
-                # in a thread as its body ran, bounded so a stuck finally cannot hang us.
-                with trio.move_on_after(self._close_bound, shield=True):
+                # in a thread as its body ran, bounded so a stuck finally cannot hang us,
+                # and no later than the end of the shutdown grace.
+                with self._waits.shielded(self._close_bound):
                     await trio.to_thread.run_sync(close, abandon_on_cancel=True)
 
 
@@ -235,9 +245,13 @@ async def call_handler(
         # loop, so no thread is needed here.
         result = fn(job)
     if inspect.isawaitable(result):
-        result = await (await_on_asyncio(result, waits=waits) if on_asyncio else _await(result))
+        if on_asyncio:
+            # Held like a sync handler's thread: until it ends or the grace does.
+            result = await await_on_asyncio(result, waits=waits, cancel_bound=math.inf)
+        else:
+            result = await _await(result)
     if on_asyncio and isinstance(result, AsyncIterator):
-        result = AsyncioChunks(result, close_bound=close_bound)
+        result = AsyncioChunks(result, close_bound=close_bound, waits=waits)
     if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
         return Stream(result, limiter, waits, close_bound=close_bound)
     return result

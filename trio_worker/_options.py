@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._asyncio_host import asyncio_initializer
+from ._asyncio_host import Holds, asyncio_initializer
 from ._config import CaptureMode, Timings
 from ._exceptions import ConfigurationError
 from ._initializer import is_async_initializer, validate_init_timeout
@@ -145,10 +145,12 @@ def validate_backend(async_backend: str) -> None:
     raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")
 
 
-def initializer_for(options: WorkerOptions) -> Initializer | None:
+def initializer_for(options: WorkerOptions, waits: Holds | None = None) -> Initializer | None:
     """The initializer as the backend runs it: on the asyncio backend its coroutine (if it
-    makes one) runs as a task on the host loop, where the handlers will find its engine."""
+    makes one) runs as a task on the host loop, where the handlers will find its engine;
+    once cancelled, its cleanup is waited for no later than the end of the shutdown grace
+    (*waits*)."""
     initializer = options.initializer
     if initializer is None or options.async_backend != "asyncio":
         return initializer
-    return asyncio_initializer(initializer, is_async=is_async_initializer(initializer))
+    return asyncio_initializer(initializer, is_async=is_async_initializer(initializer), waits=waits)

@@ -273,7 +273,7 @@ def _build(
         client=client,
         runner=runner,
         waits=waits,
-        initializer=initializer_for(options),
+        initializer=initializer_for(options, waits),
         init_timeout=options.init_timeout,
         concurrency=options.concurrency,
         capture=capture,

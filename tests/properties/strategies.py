@@ -251,12 +251,10 @@ class NetStep:
 
 
 PLAIN = NetStep()
-# How long asyncio user code awaits in its cleanup once cancelled. At most 1 s, the least
-# report_deadline drawn: a shutdown request arriving while a cleanup is under way (after a
-# stop or init_timeout) makes serve() wait for an initializer's or a stream's cleanup (the
-# xfail reproductions in tests/test_properties.py), and 1 s keeps that within the bound
-# the `shutdown` checker holds.
-CLEANUPS = (0.0, 0.25, 0.5, 1.0)
+# How long asyncio user code awaits in its cleanup once cancelled; 3 s outlasts the least
+# shutdown grace and report deadline drawn, so the end of the grace must cut it (the
+# regression scenarios in tests/test_properties.py).
+CLEANUPS = (0.0, 0.25, 0.5, 1.0, 3.0)
 # The worker's async_backend: where its async user code runs (docs/design.md §2).
 AsyncBackend = Literal["trio", "asyncio"]
 BACKENDS: tuple[AsyncBackend, ...] = ("trio", "asyncio")
@@ -298,10 +296,8 @@ class Scenario:
     # "asyncio": the async user code is asyncio code, run as asyncio tasks on the loop
     # hosting the worker (trio as its guest); sync code is the same on both.
     async_backend: AsyncBackend = "trio"
-    # The drawn cleanups (asyncio code) run after a shutdown request too. Never drawn: the
-    # worker then waits for an initializer's or a stream's cleanup up to 5 s past the
-    # grace, beyond the bound the `shutdown` checker holds (the xfail reproductions in
-    # tests/test_properties.py); by default they run only after a stop or init_timeout.
+    # The drawn cleanups (asyncio code) run after a shutdown request too, not only after a
+    # stop or init_timeout; the end of the grace must cut them.
     shutdown_cleanup: bool = False
 
     @property
@@ -545,6 +541,7 @@ def scenarios(
         logs=draw(st.one_of(st.none(), texts(huge))),
         network=draw(st.booleans()) if network is None else network,
         async_backend=backend,
+        shutdown_cleanup=backend == "asyncio" and sigterm is not None and draw(st.booleans()),
     )
 
 
