@@ -3,8 +3,11 @@ exception group leaves serve()."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import logging
+import threading
 from typing import Any
 
 import httpx
@@ -14,6 +17,8 @@ import trio.testing
 
 import trio_worker
 import trio_worker.testing
+from tests.backends import ASYNCIO_ONLY
+from trio_worker._runner import ProgressTarget, current_progress
 from trio_worker._worker import _outside
 from trio_worker.testing import FakePlatform
 
@@ -79,6 +84,40 @@ async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
     trio_worker.progress_update({"id": "j1"}, 50)
     assert "outside a job" in caplog.text
     nursery.cancel_scope.cancel()
+
+
+@ASYNCIO_ONLY
+async def test_an_update_from_a_thread_is_posted_before_what_the_thread_hands_the_loop_next(
+    backend: str,
+) -> None:
+    # asyncio.to_thread hands the thread's result to the handler's task through the loop's
+    # queue. An update the thread sent before returning must be posted ahead of it, or the
+    # handler could end the job first and the update be dropped as too late.
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    result = trio.Event()
+    target = ProgressTarget(
+        lambda job_id, body: order.append("posted"), trio.lowlevel.current_trio_token(), loop
+    )
+
+    def hand_over() -> None:
+        order.append("result")
+        result.set()
+
+    def thread() -> None:
+        trio_worker.progress_update({"id": "j1"}, 50)
+        loop.call_soon_threadsafe(hand_over)
+
+    reset = current_progress.set(target)
+    try:
+        runner = threading.Thread(target=contextvars.copy_context().run, args=(thread,))
+        runner.start()
+        runner.join()  # blocks the loop: both hand-offs are queued before either runs
+    finally:
+        current_progress.reset(reset)
+    with trio.fail_after(5):
+        await result.wait()
+    assert order == ["posted", "result"]
 
 
 # --- what leaves serve() ------------------------------------------------------------------
