@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -172,6 +173,47 @@ async def test_stop_of_a_job_waiting_at_the_gate(
     harness.platform.request_stop(job_id)
     await harness.wait_until(lambda: not handle.held_ids)
     assert harness.platform.job(job_id).done_reports == []
+
+
+@BOTH_BACKENDS
+async def test_a_sync_initializer_runs_in_a_thread_and_holds_the_gate_until_it_returns(
+    backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    release = threading.Event()
+    ran_in: list[threading.Thread] = []
+
+    def init() -> None:
+        ran_in.append(threading.current_thread())
+        release.wait(30)  # a hang guard; the test sets it
+
+    try:
+        handle = await harness.start(nursery, echo_on(backend), initializer=init)
+        job_id = harness.platform.enqueue({"n": 1})
+        await harness.wait_until(lambda: job_id in handle.held_ids)
+        assert harness.platform.job(job_id).status == "IN_PROGRESS"
+        assert harness.platform.job(job_id).done_reports == []  # held at the gate
+    finally:
+        release.set()
+    record = await harness.platform.wait_for_status(job_id, "COMPLETED")
+    assert record.output == {"n": 1}
+    [thread] = ran_in
+    assert thread is not threading.main_thread()  # not the loop's thread
+
+
+@BOTH_BACKENDS
+async def test_a_failing_sync_initializer_fails_the_queued_job_with_init_failed(
+    backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    def init() -> None:
+        raise RuntimeError("weights missing")
+
+    job_id = harness.platform.enqueue({})
+    await harness.start(nursery, echo_on(backend), initializer=init)
+    await harness.finished.wait()
+    assert isinstance(harness.error, trio_worker.InitializationError)
+    error = error_of(harness.platform, job_id)
+    assert error["event"] == "init_failed"
+    assert "weights missing" in error["error_message"]
 
 
 @BOTH_BACKENDS
