@@ -77,11 +77,15 @@ async def test_take_answered_with_200_jobs_at_concurrency_1_runs_one_sync_handle
         finally:
             peak.leave()
 
-    await harness.start(nursery, handler, concurrency=1)
+    handle = await harness.start(nursery, handler, concurrency=1)
     jobs = burst(200)
     harness.platform.enqueue_raw(jobs)
     ids = [job["id"] for job in jobs]
     await harness.wait_until(lambda: completed(harness.platform, ids))
+    # A shutdown cuts the take in flight to take_drain; a cancellation at the end of the
+    # test would wait out its 5 s hold, in real time.
+    handle.shutdown()
+    await harness.finished.wait()
     assert peak.calls == 200
     assert peak.peak == 1
     # One worker thread (trio's cache may keep one more idle), never one per job.
