@@ -8,13 +8,14 @@ stream opener that refuses, throttles or drips, as a real network would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -23,9 +24,12 @@ import trio.testing
 import trio_worker
 import trio_worker.testing
 from trio_worker import Timings
+from trio_worker._options import AsyncBackend
 from trio_worker.testing import FakePlatform, Fault
 from trio_worker.testing._memory import memory_network
 from trio_worker.testing._records import JobRecord
+
+from .backends import BOTH_BACKENDS, sleep_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,20 +40,34 @@ async def echo(job: dict[str, Any]) -> Any:
     return {"echo": job["input"]}
 
 
+def echo_on(backend: str) -> Callable[[dict[str, Any]], Any]:
+    """:func:`echo` with a checkpoint of *backend*'s own, as its async code would have."""
+    sleep = sleep_for(backend)
+
+    async def echo(job: dict[str, Any]) -> Any:
+        await sleep(0)
+        return {"echo": job["input"]}
+
+    return echo
+
+
 @contextlib.asynccontextmanager
 async def running(
     platform: FakePlatform,
-    handler: Any = echo,
+    handler: Any = None,
     *,
     timings: Timings | None = None,
     network: Callable[[Opener], Opener] | None = None,
+    backend: str = "trio",
     **options: Any,
 ) -> AsyncIterator[trio_worker.WorkerHandle]:
-    """A worker serving *platform* over memory streams; shut down when the block ends."""
+    """A worker on *backend* serving *platform* over memory streams (the handler: an echo
+    in *backend*'s code); shut down when the block ends."""
     async with memory_network(platform) as opener, trio.open_nursery() as nursery:
         serve = functools.partial(
             trio_worker.testing.serve,
-            handler,
+            echo_on(backend) if handler is None else handler,
+            async_backend=cast("AsyncBackend", backend),
             environ=platform.worker_env("http://platform", ping_interval_ms=1000),
             open_stream=opener if network is None else network(opener),
             heartbeat="task",
@@ -72,6 +90,13 @@ async def finished(platform: FakePlatform, job_id: str, status: str) -> JobRecor
 
 def done_requests(platform: FakePlatform, job_id: str) -> list[Any]:
     return [r for r in platform.requests if r.route == "done" and r.path.endswith("/" + job_id)]
+
+
+def clock_for(backend: str) -> Callable[[], float]:
+    """What an async handler on *backend* reads the time with."""
+    if backend == "asyncio":
+        return lambda: asyncio.get_running_loop().time()
+    return trio.current_time
 
 
 def lost_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -274,11 +299,12 @@ async def test_retry_after_is_waited_then_the_result_delivered(
 # -- the job stays held while its result waits ---------------------------------------------
 
 
+@BOTH_BACKENDS
 async def test_a_waiting_result_keeps_its_slot_and_its_place_in_every_ping(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform(take_hold=1.0)
-    async with running(platform, concurrency=1):
+    async with running(platform, backend=backend, concurrency=1):
         start = trio.current_time()
         platform.inject(Fault("done", status=503, times=10**9, until=start + 30.0))
         first = platform.enqueue({"n": 1})
@@ -295,13 +321,14 @@ async def test_a_waiting_result_keeps_its_slot_and_its_place_in_every_ping(
     assert all(p.job_ids == (first,) for p in window)
 
 
+@BOTH_BACKENDS
 async def test_an_exhausted_budget_is_logged_with_the_job_id_and_frees_the_slot(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trio_worker")
     platform = FakePlatform(take_hold=1.0)
     timings = Timings(report_budget=30.0)
-    async with running(platform, timings=timings, concurrency=1) as handle:
+    async with running(platform, timings=timings, backend=backend, concurrency=1) as handle:
         start = trio.current_time()
         platform.inject(Fault("done", status=503, times=10**9, until=start + 45.0))
         lost = platform.enqueue({"n": 1})
@@ -319,19 +346,21 @@ async def test_an_exhausted_budget_is_logged_with_the_job_id_and_frees_the_slot(
 # -- progress updates never hold the final report up ---------------------------------------
 
 
+@BOTH_BACKENDS
 async def test_a_hung_progress_post_holds_the_result_at_most_progress_bound(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform()
     ended: list[float] = []
+    sleep, now = sleep_for(backend), clock_for(backend)
 
     async def handler(job: dict[str, Any]) -> Any:
         trio_worker.progress_update(job, "halfway")
-        await trio.sleep(0.5)
-        ended.append(trio.current_time())
+        await sleep(0.5)
+        ended.append(now())
         return "done"
 
-    async with running(platform, handler, timings=Timings(progress_bound=2.0)):
+    async with running(platform, handler, timings=Timings(progress_bound=2.0), backend=backend):
         platform.inject(Fault("done", delay=math.inf))  # the progress post hangs
         job_id = platform.enqueue({})
         job = await finished(platform, job_id, "COMPLETED")
@@ -341,19 +370,21 @@ async def test_a_hung_progress_post_holds_the_result_at_most_progress_bound(
     assert job.late_progress == []
 
 
+@BOTH_BACKENDS
 async def test_progress_updates_one_at_a_time_the_newest_winning(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform()
+    sleep = sleep_for(backend)
 
     async def handler(job: dict[str, Any]) -> Any:
         for step in range(1, 6):
             trio_worker.progress_update(job, step)
-            await trio.sleep(0.1)
-        await trio.sleep(2.0)
+            await sleep(0.1)
+        await sleep(2.0)
         return "done"
 
-    async with running(platform, handler):
+    async with running(platform, handler, backend=backend):
         platform.inject(Fault("done", delay=1.0))  # the first update takes 1 s
         job_id = platform.enqueue({})
         job = await finished(platform, job_id, "COMPLETED")
@@ -362,8 +393,9 @@ async def test_progress_updates_one_at_a_time_the_newest_winning(
     assert job.late_progress == []
 
 
+@BOTH_BACKENDS
 async def test_updates_made_just_before_the_result_still_go_out_first(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform()
 
@@ -372,7 +404,7 @@ async def test_updates_made_just_before_the_result_still_go_out_first(
         trio_worker.progress_update(job, 2)
         return "done"
 
-    async with running(platform, handler):
+    async with running(platform, handler, backend=backend):
         platform.inject(Fault("done", delay=0.5))  # the first update is still in flight
         job_id = platform.enqueue({})
         job = await finished(platform, job_id, "COMPLETED")
@@ -409,9 +441,10 @@ async def test_a_refused_result_is_answered_by_a_small_error_report(
     assert lost_lines(caplog) == []
 
 
-async def test_a_refused_result_keeps_stop_pod(autojump_clock: trio.testing.MockClock) -> None:
+@BOTH_BACKENDS
+async def test_a_refused_result_keeps_stop_pod(backend: str, virtual_clock: trio.abc.Clock) -> None:
     platform = FakePlatform()
-    async with running(platform, refresh_worker=True):
+    async with running(platform, backend=backend, refresh_worker=True):
         platform.inject(Fault("done", status=413))
         job_id = platform.enqueue({})
         job = await finished(platform, job_id, "FAILED")
@@ -423,17 +456,27 @@ async def test_a_refused_result_keeps_stop_pod(autojump_clock: trio.testing.Mock
 # -- streams -------------------------------------------------------------------------------
 
 
-async def stream_of_four(job: dict[str, Any]) -> Any:
-    for n in range(4):
-        yield n
+def stream_of_four(backend: str) -> Callable[[dict[str, Any]], Any]:
+    """Four chunks, each after a checkpoint of *backend*'s own."""
+    sleep = sleep_for(backend)
+
+    async def stream(job: dict[str, Any]) -> Any:
+        for n in range(4):
+            await sleep(0)
+            yield n
+
+    return stream
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("aggregate", [False, True])
 async def test_a_chunk_refused_for_good_is_named_in_the_final_report(
-    aggregate: bool, autojump_clock: trio.testing.MockClock
+    backend: str, aggregate: bool, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform()
-    async with running(platform, stream_of_four, return_aggregate_stream=aggregate):
+    async with running(
+        platform, stream_of_four(backend), backend=backend, return_aggregate_stream=aggregate
+    ):
         platform.inject(Fault("stream", status=400))
         job_id = platform.enqueue({})
         job = await finished(platform, job_id, "COMPLETED")
@@ -446,11 +489,14 @@ async def test_a_chunk_refused_for_good_is_named_in_the_final_report(
     }
 
 
+@BOTH_BACKENDS
 async def test_chunks_lost_to_an_outage_longer_than_the_budget_are_named(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform()
-    async with running(platform, stream_of_four, timings=Timings(report_budget=20.0)):
+    async with running(
+        platform, stream_of_four(backend), timings=Timings(report_budget=20.0), backend=backend
+    ):
         start = trio.current_time()
         platform.inject(Fault("stream", status=503, times=10**9, until=start + 60.0))
         job_id = platform.enqueue({})
@@ -465,9 +511,10 @@ async def test_chunks_lost_to_an_outage_longer_than_the_budget_are_named(
     ]
 
 
-async def test_a_short_outage_loses_no_chunk(autojump_clock: trio.testing.MockClock) -> None:
+@BOTH_BACKENDS
+async def test_a_short_outage_loses_no_chunk(backend: str, virtual_clock: trio.abc.Clock) -> None:
     platform = FakePlatform()
-    async with running(platform, stream_of_four):
+    async with running(platform, stream_of_four(backend), backend=backend):
         start = trio.current_time()
         platform.inject(Fault("stream", status=503, times=10**9, until=start + 30.0))
         job_id = platform.enqueue({})

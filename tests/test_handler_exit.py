@@ -4,11 +4,12 @@ while a failed initializer waits to claim a request to fail (docs/design.md §6,
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -17,16 +18,25 @@ import trio.testing
 
 import trio_worker
 import trio_worker.testing
+from trio_worker._options import AsyncBackend
 from trio_worker.testing import FakePlatform
+
+from .backends import BOTH_BACKENDS, run_on_asyncio_host, sleep_for
 
 
 def serve(
-    platform: FakePlatform, handler: Any, *, secrets: dict[str, str] | None = None, **kwargs: Any
+    platform: FakePlatform,
+    handler: Any,
+    *,
+    secrets: dict[str, str] | None = None,
+    backend: str = "trio",
+    **kwargs: Any,
 ) -> functools.partial[Any]:
     kwargs.setdefault("timings", trio_worker.Timings(shutdown_grace=2.0, claim_grace=3.0))
     return functools.partial(
         trio_worker.testing.serve,
         handler,
+        async_backend=cast("AsyncBackend", backend),
         environ={**platform.worker_env("http://platform", worker_id="w1"), **(secrets or {})},
         transport=httpx.ASGITransport(app=platform),
         heartbeat="task",
@@ -44,15 +54,23 @@ def error_of(platform: FakePlatform, job_id: str) -> dict[str, Any]:
     return parsed
 
 
-async def exits_or_sleeps(job: dict[str, Any]) -> Any:
-    if "seconds" in job["input"]:
-        await trio.sleep(job["input"]["seconds"])
-        return "slept"
-    sys.exit(job["input"]["code"])
+def exits_or_sleeps(backend: str) -> Any:
+    """A handler in *backend*'s code: sleeps ``input.seconds``, or calls sys.exit(code)."""
+    sleep = sleep_for(backend)
+
+    async def handler(job: dict[str, Any]) -> Any:
+        if "seconds" in job["input"]:
+            await sleep(job["input"]["seconds"])
+            return "slept"
+        await sleep(0)
+        sys.exit(job["input"]["code"])
+
+    return handler
 
 
+@BOTH_BACKENDS
 async def test_serve_reports_the_job_shuts_down_then_raises_system_exit(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
     slow = platform.enqueue({"seconds": 60})
@@ -60,7 +78,7 @@ async def test_serve_reports_the_job_shuts_down_then_raises_system_exit(
     after = platform.enqueue({"code": 9})
     started = trio.current_time()
     with pytest.raises(SystemExit) as info:
-        await serve(platform, exits_or_sleeps, concurrency=2)()
+        await serve(platform, exits_or_sleeps(backend), backend=backend, concurrency=2)()
     assert info.value.code == 3
     error = error_of(platform, exiting)
     assert error["error_type"] == "SystemExit"
@@ -72,14 +90,15 @@ async def test_serve_reports_the_job_shuts_down_then_raises_system_exit(
     assert platform.job(after).status == "IN_QUEUE"
 
 
+@BOTH_BACKENDS
 async def test_a_slow_job_that_finishes_within_the_grace_completes(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
     slow = platform.enqueue({"seconds": 1})
     platform.enqueue({"code": 0})
     with pytest.raises(SystemExit) as info:
-        await serve(platform, exits_or_sleeps, concurrency=2)()
+        await serve(platform, exits_or_sleeps(backend), backend=backend, concurrency=2)()
     assert info.value.code == 0
     assert platform.job(slow).output == "slept"
 
@@ -88,18 +107,22 @@ async def test_a_slow_job_that_finishes_within_the_grace_completes(
     ("code", "status", "shown"),
     [(None, 0, "sys.exit()"), ("CUDA broke", 1, "sys.exit('CUDA broke')"), (258, 2, "(258)")],
 )
+@BOTH_BACKENDS
 async def test_the_exit_status_is_pythons_own(
-    autojump_clock: trio.testing.MockClock, code: object, status: int, shown: str
+    backend: str, virtual_clock: trio.abc.Clock, code: object, status: int, shown: str
 ) -> None:
     platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
     job_id = platform.enqueue({"code": code})
     with pytest.raises(SystemExit) as info:
-        await serve(platform, exits_or_sleeps)()
+        await serve(platform, exits_or_sleeps(backend), backend=backend)()
     assert info.value.code == status
     message = str(error_of(platform, job_id)["error_message"])
     assert shown in message and f"status {status}" in message
 
 
+# Trio only: on the asyncio backend a KeyboardInterrupt raised in a task the handler
+# starts leaves the host loop at once and ends the test session; see the sys.exit() test
+# below for that backend.
 async def test_a_keyboard_interrupt_from_a_task_of_the_handler_leaves_as_itself(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -119,11 +142,68 @@ async def test_a_keyboard_interrupt_from_a_task_of_the_handler_leaves_as_itself(
     assert "status 130" in str(error["error_message"])
 
 
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("trio", id="trio"),
+        pytest.param(
+            "asyncio",
+            id="asyncio",
+            marks=[
+                pytest.mark.trio(run=run_on_asyncio_host),
+                pytest.mark.xfail(
+                    strict=True,
+                    raises=SystemExit,
+                    reason="BUG: a SystemExit raised in an asyncio task the handler started "
+                    "leaves the host loop (asyncio re-raises it out of the loop) before the "
+                    "worker sees it: the job is reported as a CancelledError without its "
+                    "exit status, and serve() is torn down without its shutdown",
+                ),
+            ],
+        ),
+    ],
+)
+async def test_a_sys_exit_in_a_task_of_the_handler_is_reported_then_leaves_serve(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    async def exits_in_a_task(job: dict[str, Any]) -> Any:
+        def child() -> None:
+            sys.exit(3)
+
+        if backend == "asyncio":
+
+            async def task() -> None:
+                await asyncio.sleep(0)
+                child()
+
+            await asyncio.create_task(task())
+        else:
+
+            async def trio_task() -> None:
+                await trio.lowlevel.checkpoint()
+                child()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio_task)
+
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    job_id = platform.enqueue({})
+    with pytest.raises(SystemExit) as info:
+        await serve(platform, exits_in_a_task, backend=backend)()
+    assert info.value.code == 3
+    error = error_of(platform, job_id)
+    assert error["error_type"] == "SystemExit"
+    assert "sys.exit(3)" in str(error["error_message"])
+
+
+@BOTH_BACKENDS
 async def test_each_failed_job_gets_one_redacted_error_line_without_its_input(
-    autojump_clock: trio.testing.MockClock,
+    backend: str,
+    virtual_clock: trio.abc.Clock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def handler(job: dict[str, Any]) -> Any:
+        await sleep_for(backend)(0)
         if job["input"]["n"] == 1:
             raise ValueError("token hf_secretsecretsecret refused\nsecond line")
         return {"private": "prompt text"}
@@ -134,7 +214,7 @@ async def test_each_failed_job_gets_one_redacted_error_line_without_its_input(
     fine = platform.enqueue({"n": 2})
     async with trio.open_nursery() as nursery:
         secrets = {"HF_TOKEN": "hf_secretsecretsecret"}
-        handle = await nursery.start(serve(platform, handler, secrets=secrets))
+        handle = await nursery.start(serve(platform, handler, secrets=secrets, backend=backend))
         await platform.wait_for_status(fine, "COMPLETED")
         handle.shutdown()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -145,10 +225,12 @@ async def test_each_failed_job_gets_one_redacted_error_line_without_its_input(
     assert "prompt text" not in caplog.text
 
 
+@BOTH_BACKENDS
 async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_ends(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def init() -> None:
+        await sleep_for(backend)(0)
         raise RuntimeError("weights missing")
 
     caplog.set_level(logging.INFO, logger="trio_worker")
@@ -161,7 +243,7 @@ async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_e
     async with trio.open_nursery() as nursery:
         nursery.start_soon(enqueue_later)
         with pytest.raises(trio_worker.InitializationError):
-            await serve(platform, exits_or_sleeps, initializer=init)()
+            await serve(platform, exits_or_sleeps(backend), backend=backend, initializer=init)()
     lines = [r.getMessage() for r in caplog.records]
     assert (
         "initializer failed with no job held: waiting up to 2.5 s to claim a request to fail"
@@ -170,15 +252,17 @@ async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_e
     assert "claim wait over: claimed 1 and failed it with the init failure" in lines
 
 
+@BOTH_BACKENDS
 async def test_a_claim_wait_that_claims_nothing_says_so(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def init() -> None:
+        await sleep_for(backend)(0)
         raise RuntimeError("weights missing")
 
     caplog.set_level(logging.INFO, logger="trio_worker")
     platform = FakePlatform(take_hold=0.5, stop_hold=0.5)
     with pytest.raises(trio_worker.InitializationError):
-        await serve(platform, exits_or_sleeps, initializer=init)()
+        await serve(platform, exits_or_sleeps(backend), backend=backend, initializer=init)()
     lines = [r.getMessage() for r in caplog.records]
     assert "claim wait over: none" in lines

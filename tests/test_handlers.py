@@ -27,6 +27,8 @@ from trio_worker._handlers import (
     run_in_thread,
 )
 
+from .backends import BOTH_BACKENDS, sleep_for
+
 JOB: dict[str, Any] = {"id": "j1", "input": {"n": 3}}
 TIMEOUT = 5.0  # a safety bound on handshakes; never reached when the code is right
 
@@ -178,16 +180,39 @@ def fresh() -> tuple[trio.CapacityLimiter, ThreadWaits]:
     return trio.CapacityLimiter(4), ThreadWaits()
 
 
-async def call(fn: Callable[..., Any], job: dict[str, Any] | None = None) -> Any:
+async def call(
+    fn: Callable[..., Any], job: dict[str, Any] | None = None, *, backend: str = "trio"
+) -> Any:
+    """Call *fn* as the worker on *backend* would (``async_backend``)."""
     limiter, waits = fresh()
-    return await call_handler(fn, handler_kind(fn), JOB if job is None else job, limiter, waits)
+    return await call_handler(
+        fn,
+        handler_kind(fn),
+        JOB if job is None else job,
+        limiter,
+        waits,
+        on_asyncio=backend == "asyncio",
+    )
+
+
+def async_gen_on(backend: str) -> Callable[[dict[str, Any]], AsyncGenerator[object, None]]:
+    """:func:`async_gen_handler` in *backend*'s own code."""
+    sleep = sleep_for(backend)
+
+    async def handler(job: dict[str, Any]) -> AsyncGenerator[object, None]:
+        for i in range(job["input"]["n"]):
+            await sleep(0)
+            yield i
+
+    return handler
 
 
 async def collect(stream: Stream) -> list[object]:
     return [chunk async for chunk in stream]
 
 
-async def test_sync_handler_runs_in_a_worker_thread() -> None:
+@BOTH_BACKENDS
+async def test_sync_handler_runs_in_a_worker_thread(backend: str) -> None:
     loop_thread = threading.current_thread()
     seen: list[tuple[threading.Thread, dict[str, Any]]] = []
 
@@ -196,94 +221,113 @@ async def test_sync_handler_runs_in_a_worker_thread() -> None:
         return "ok"
 
     job = {"id": "x", "input": 1}
-    assert await call(handler, job) == "ok"
+    assert await call(handler, job, backend=backend) == "ok"
     [(thread, passed)] = seen
     assert thread is not loop_thread
     # The handler gets the very dict the platform delivered.
     assert passed is job
 
 
-async def test_async_handler_runs_on_the_loop() -> None:
+@BOTH_BACKENDS
+async def test_async_handler_runs_on_the_loop(backend: str) -> None:
     loop_thread = threading.current_thread()
     seen: list[threading.Thread] = []
+    sleep = sleep_for(backend)
 
     async def handler(job: dict[str, Any]) -> object:
         seen.append(threading.current_thread())
-        await trio.lowlevel.checkpoint()
+        await sleep(0)
         return job["input"]
 
-    assert await call(handler) == {"n": 3}
+    assert await call(handler, backend=backend) == {"n": 3}
     assert seen == [loop_thread]
 
 
-async def test_async_callable_object_is_awaited() -> None:
-    assert await call(AsyncCallable()) == "async"
+@BOTH_BACKENDS
+async def test_async_callable_object_is_awaited(backend: str) -> None:
+    assert await call(AsyncCallable(), backend=backend) == "async"
 
 
-async def test_sync_function_returning_a_coroutine_is_awaited_on_the_loop() -> None:
+@BOTH_BACKENDS
+async def test_sync_function_returning_a_coroutine_is_awaited_on_the_loop(backend: str) -> None:
     loop_thread = threading.current_thread()
     seen: list[threading.Thread] = []
+    sleep = sleep_for(backend)
 
     async def inner(job: dict[str, Any]) -> object:
         seen.append(threading.current_thread())
-        await trio.lowlevel.checkpoint()
+        await sleep(0)
         return ("inner", job["id"])
 
     def wrapper(job: dict[str, Any]) -> object:
         return inner(job)
 
     assert handler_kind(wrapper) is HandlerKind.SYNC
-    assert await call(wrapper) == ("inner", "j1")
+    assert await call(wrapper, backend=backend) == ("inner", "j1")
     assert seen == [loop_thread]
 
 
-async def test_sync_function_returning_a_generator_is_a_stream() -> None:
+@BOTH_BACKENDS
+async def test_sync_function_returning_a_generator_is_a_stream(backend: str) -> None:
     def wrapper(job: dict[str, Any]) -> object:
         return sync_gen_handler(job)
 
-    result = await call(wrapper)
+    result = await call(wrapper, backend=backend)
     assert isinstance(result, Stream)
     assert await collect(result) == [0, 1, 2]
 
 
-async def test_sync_function_returning_an_async_generator_is_a_stream() -> None:
+@BOTH_BACKENDS
+async def test_sync_function_returning_an_async_generator_is_a_stream(backend: str) -> None:
+    agen = async_gen_on(backend)
+
     def wrapper(job: dict[str, Any]) -> object:
-        return async_gen_handler(job)
+        return agen(job)
 
-    result = await call(wrapper)
+    result = await call(wrapper, backend=backend)
     assert isinstance(result, Stream)
     assert await collect(result) == [0, 1, 2]
 
 
-async def test_async_function_returning_a_generator_is_a_stream() -> None:
+@BOTH_BACKENDS
+async def test_async_function_returning_a_generator_is_a_stream(backend: str) -> None:
     async def wrapper(job: dict[str, Any]) -> object:
         return sync_gen_handler(job)
 
-    result = await call(wrapper)
+    result = await call(wrapper, backend=backend)
     assert isinstance(result, Stream)
     assert await collect(result) == [0, 1, 2]
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize(
-    "fn",
-    [sync_gen_handler, async_gen_handler, functools.partial(async_gen_handler)],
+    "make",
+    [
+        lambda backend: sync_gen_handler,
+        async_gen_on,
+        lambda backend: functools.partial(async_gen_on(backend)),
+    ],
     ids=["sync gen", "async gen", "partial async gen"],
 )
-async def test_generator_handlers_give_streams(fn: Callable[..., Any]) -> None:
-    result = await call(fn)
+async def test_generator_handlers_give_streams(
+    backend: str, make: Callable[[str], Callable[..., Any]]
+) -> None:
+    result = await call(make(backend), backend=backend)
     assert isinstance(result, Stream)
     assert await collect(result) == [0, 1, 2]
 
 
+@BOTH_BACKENDS
 @pytest.mark.parametrize("value", [None, [1, 2], "text", 0, {"a": 1}, iter([1])])
-async def test_non_stream_results_are_returned_as_is(value: object) -> None:
+async def test_non_stream_results_are_returned_as_is(backend: str, value: object) -> None:
     def handler(job: dict[str, Any]) -> object:
         return value
 
-    assert await call(handler) is value
+    assert await call(handler, backend=backend) is value
 
 
-async def test_exceptions_propagate_unchanged() -> None:
+@BOTH_BACKENDS
+async def test_exceptions_propagate_unchanged(backend: str) -> None:
     error = ValueError("boom")
 
     def sync_fails(job: dict[str, Any]) -> object:
@@ -294,16 +338,17 @@ async def test_exceptions_propagate_unchanged() -> None:
 
     for fn in (sync_fails, async_fails):
         with pytest.raises(ValueError, match="boom") as info:
-            await call(fn)
+            await call(fn, backend=backend)
         assert info.value is error
 
 
-async def test_base_exceptions_from_sync_handlers_propagate() -> None:
+@BOTH_BACKENDS
+async def test_base_exceptions_from_sync_handlers_propagate(backend: str) -> None:
     def exits(job: dict[str, Any]) -> object:
         raise SystemExit(3)
 
     with pytest.raises(SystemExit):
-        await call(exits)
+        await call(exits, backend=backend)
 
 
 # --- Stream -------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from trio_worker._platform._heartbeat import heartbeat_task
 from trio_worker._platform._http import HttpResponse
 from trio_worker.testing import FakePlatform, Fault
 
+from .backends import BOTH_BACKENDS, sleep_for
 from .test_supervisor import Harness
 
 
@@ -84,15 +85,17 @@ async def test_a_failed_ping_is_logged_as_text(
     assert keeper.holding_exceptions() == []
 
 
+@BOTH_BACKENDS
 async def test_take_errors_and_progress_errors_are_logged_as_text(
-    keeper: Keeper, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    backend: str, keeper: Keeper, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
 ) -> None:
-    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0))
+    harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0), backend)
     harness.platform.inject(Fault("take", status=500, times=2))
     harness.platform.inject(Fault("take", drop=True))
 
     async def handler(job: dict[str, Any]) -> object:
         trio_worker.progress_update(job, {"not json": {1, 2}})
+        await sleep_for(backend)(0)
         return job["input"]
 
     handle = await harness.start(nursery, handler)

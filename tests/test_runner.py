@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Generator
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Generator
+from typing import Any, cast
 
 import pytest
 import trio
 
+from tests.backends import BOTH_BACKENDS, sleep_for
 from trio_worker._config import Settings
 from trio_worker._handlers import ThreadWaits
 from trio_worker._lifecycle import HeldJob
-from trio_worker._options import worker_options
+from trio_worker._options import AsyncBackend, worker_options
 from trio_worker._runner import JobRunner, JobSpec, ProgressTarget, current_progress
+
+# A handler for the backend named: sync code is the same on both, async code is the
+# backend's own.
+Make = Callable[[str], Any]
 
 
 class ListChunks:
@@ -26,9 +31,11 @@ class ListChunks:
         return True
 
 
-def runner(handler: Any, chunks: ListChunks, **options: Any) -> JobRunner:
+def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> JobRunner:
     return JobRunner(
-        JobSpec.from_options(worker_options(handler, **options)),
+        JobSpec.from_options(
+            worker_options(handler, async_backend=cast("AsyncBackend", backend), **options)
+        ),
         Settings.from_environ({}, capture_logs="off"),
         chunks,
         None,
@@ -46,34 +53,110 @@ def raises(job: dict[str, Any]) -> object:
     raise ValueError("no")
 
 
+def async_returning(value: object) -> Make:
+    def make(backend: str) -> Any:
+        sleep = sleep_for(backend)
+
+        async def handler(job: dict[str, Any]) -> object:
+            await sleep(0)
+            return value
+
+        return handler
+
+    return make
+
+
+def async_gen(backend: str) -> Any:
+    sleep = sleep_for(backend)
+
+    async def handler(job: dict[str, Any]) -> AsyncGenerator[object, None]:
+        await sleep(0)
+        yield 1
+
+    return handler
+
+
+def async_raises(backend: str) -> Any:
+    sleep = sleep_for(backend)
+
+    async def handler(job: dict[str, Any]) -> object:
+        await sleep(0)
+        raise ValueError("no")
+
+    return handler
+
+
+def same(handler: Any) -> Make:
+    return lambda backend: handler
+
+
+@BOTH_BACKENDS
 @pytest.mark.parametrize(
-    "handler", [lambda job: 1, lambda job: {"error": "x"}, lambda job: {1}, gen, raises]
+    ("make", "fails"),
+    [
+        pytest.param(same(lambda job: 1), False, id="sync value"),
+        pytest.param(same(lambda job: {"error": "x"}), True, id="sync error"),
+        pytest.param(same(lambda job: {1}), True, id="sync unserializable"),
+        pytest.param(same(gen), False, id="sync gen"),
+        pytest.param(same(raises), True, id="sync raises"),
+        pytest.param(async_returning(1), False, id="async value"),
+        pytest.param(async_returning({"error": "x"}), True, id="async error"),
+        pytest.param(async_gen, False, id="async gen"),
+        pytest.param(async_raises, True, id="async raises"),
+    ],
 )
-async def test_refresh_worker_marks_every_report(handler: Any) -> None:
-    report = await runner(handler, ListChunks(), refresh_worker=True).run(HeldJob("j", {}))
-    assert json.loads(report.body)["stopPod"] is True
-    plain = await runner(handler, ListChunks()).run(HeldJob("j", {}))
+async def test_refresh_worker_marks_every_report(backend: str, make: Make, fails: bool) -> None:
+    handler = make(backend)
+    report = await runner(handler, ListChunks(), backend, refresh_worker=True).run(HeldJob("j", {}))
+    marked = json.loads(report.body)
+    assert marked["stopPod"] is True
+    assert ("error" in marked) is fails  # the report the handler meant, marked
+    plain = await runner(handler, ListChunks(), backend).run(HeldJob("j", {}))
     assert "stopPod" not in json.loads(plain.body)
 
 
-async def test_chunks_go_to_the_sink_in_order() -> None:
-    def three(job: dict[str, Any]) -> Generator[object, None, None]:
-        yield from ("a", "b", "c")
+def three(job: dict[str, Any]) -> Generator[object, None, None]:
+    yield from ("a", "b", "c")
 
+
+def async_three(backend: str) -> Any:
+    sleep = sleep_for(backend)
+
+    async def handler(job: dict[str, Any]) -> AsyncGenerator[object, None]:
+        for chunk in "abc":
+            await sleep(0)
+            yield chunk
+
+    return handler
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize("make", [same(three), async_three], ids=["sync gen", "async gen"])
+async def test_chunks_go_to_the_sink_in_order(backend: str, make: Make) -> None:
     chunks = ListChunks()
-    report = await runner(three, chunks, return_aggregate_stream=True).run(HeldJob("j", {}))
+    report = await runner(make(backend), chunks, backend, return_aggregate_stream=True).run(
+        HeldJob("j", {})
+    )
     assert [json.loads(body) for body in chunks.bodies] == [{"output": c} for c in "abc"]
     assert json.loads(report.body) == {"output": ["a", "b", "c"]}
     assert report.is_stream
 
 
-async def test_the_progress_target_is_set_only_while_a_job_runs() -> None:
+@BOTH_BACKENDS
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_the_progress_target_is_set_only_while_a_job_runs(
+    backend: str, is_async: bool
+) -> None:
     seen: list[object] = []
 
     def handler(job: dict[str, Any]) -> None:
         seen.append(current_progress.get())
 
-    job_runner = runner(handler, ListChunks())
+    async def async_handler(job: dict[str, Any]) -> None:
+        await sleep_for(backend)(0)
+        seen.append(current_progress.get())
+
+    job_runner = runner(async_handler if is_async else handler, ListChunks(), backend)
     target = ProgressTarget(lambda job_id, body: None, trio.lowlevel.current_trio_token())
     job_runner.progress = target
     await job_runner.run(HeldJob("j", {}))

@@ -3,28 +3,35 @@ exception group leaves serve()."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 import logging
-from typing import Any
+import threading
+from typing import Any, cast
 
 import httpx
 import pytest
 import trio
-import trio.testing
 
 import trio_worker
 import trio_worker.testing
+from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS
+from trio_worker._asyncio_host import await_on_asyncio
+from trio_worker._options import AsyncBackend
+from trio_worker._runner import ProgressTarget, current_progress
 from trio_worker._worker import _outside
 from trio_worker.testing import FakePlatform
 
 
 async def start_worker(
-    nursery: trio.Nursery, platform: FakePlatform, handler: Any, worker_id: str
+    nursery: trio.Nursery, platform: FakePlatform, handler: Any, worker_id: str, backend: str
 ) -> trio_worker.WorkerHandle:
     handle: trio_worker.WorkerHandle = await nursery.start(
         functools.partial(
             trio_worker.testing.serve,
             handler,
+            async_backend=cast("AsyncBackend", backend),
             environ=platform.worker_env("http://platform", worker_id=worker_id),
             transport=httpx.ASGITransport(app=platform),
             heartbeat="task",
@@ -35,8 +42,9 @@ async def start_worker(
     return handle
 
 
+@BOTH_BACKENDS
 async def test_two_workers_in_one_run_each_get_their_own_progress(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+    backend: str, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
 ) -> None:
     def sync_handler(job: dict[str, Any]) -> str:
         trio_worker.progress_update(job, {"worker": "sync"})
@@ -44,14 +52,20 @@ async def test_two_workers_in_one_run_each_get_their_own_progress(
 
     async def async_handler(job: dict[str, Any]) -> str:
         trio_worker.progress_update(job, {"worker": "async"})
-        await trio.to_thread.run_sync(trio_worker.progress_update, job, {"thread": "async"})
+        update = functools.partial(trio_worker.progress_update, job, {"thread": "async"})
+        if backend == "asyncio":
+            await asyncio.to_thread(update)
+        else:
+            await trio.to_thread.run_sync(update)
         return "ok"
 
     first, second = FakePlatform(take_hold=5.0), FakePlatform(take_hold=5.0)
-    await start_worker(nursery, first, sync_handler, "w1")
-    await start_worker(nursery, second, async_handler, "w2")
+    await start_worker(nursery, first, sync_handler, "w1", backend)
+    await start_worker(nursery, second, async_handler, "w2", backend)
     one, two = first.enqueue({}), second.enqueue({})
-    with trio.fail_after(60):
+    # A hang guard, not a timing claim: autojump is blind to the sync handler's thread,
+    # and the other worker's timers carry virtual time on while it runs.
+    with trio.fail_after(3600):
         done_one = await first.wait_for_status(one, "COMPLETED")
         done_two = await second.wait_for_status(two, "COMPLETED")
     assert done_one.progress == [{"worker": "sync"}]
@@ -67,18 +81,61 @@ def test_progress_update_outside_a_job_warns_and_does_nothing(
     assert "outside a job" in caplog.text
 
 
+@BOTH_BACKENDS
 async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
+    backend: str,
     nursery: trio.Nursery,
-    autojump_clock: trio.testing.MockClock,
+    virtual_clock: trio.abc.Clock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trio_worker")
     platform = FakePlatform(take_hold=5.0)
-    await start_worker(nursery, platform, lambda job: "ok", "w1")
+    await start_worker(nursery, platform, lambda job: "ok", "w1", backend)
     # A worker is running, but this task is no job of it: the update has nowhere to go.
-    trio_worker.progress_update({"id": "j1"}, 50)
+    if backend == "asyncio":
+
+        async def beside_the_worker() -> None:  # an asyncio task on the worker's loop
+            trio_worker.progress_update({"id": "j1"}, 50)
+
+        await await_on_asyncio(beside_the_worker())
+    else:
+        trio_worker.progress_update({"id": "j1"}, 50)
     assert "outside a job" in caplog.text
     nursery.cancel_scope.cancel()
+
+
+@ASYNCIO_ONLY
+async def test_an_update_from_a_thread_is_posted_before_what_the_thread_hands_the_loop_next(
+    backend: str,
+) -> None:
+    # asyncio.to_thread hands the thread's result to the handler's task through the loop's
+    # queue. An update the thread sent before returning must be posted ahead of it, or the
+    # handler could end the job first and the update be dropped as too late.
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    result = trio.Event()
+    target = ProgressTarget(
+        lambda job_id, body: order.append("posted"), trio.lowlevel.current_trio_token(), loop
+    )
+
+    def hand_over() -> None:
+        order.append("result")
+        result.set()
+
+    def thread() -> None:
+        trio_worker.progress_update({"id": "j1"}, 50)
+        loop.call_soon_threadsafe(hand_over)
+
+    reset = current_progress.set(target)
+    try:
+        runner = threading.Thread(target=contextvars.copy_context().run, args=(thread,))
+        runner.start()
+        runner.join()  # blocks the loop: both hand-offs are queued before either runs
+    finally:
+        current_progress.reset(reset)
+    with trio.fail_after(5):
+        await result.wait()
+    assert order == ["posted", "result"]
 
 
 # --- what leaves serve() ------------------------------------------------------------------
@@ -103,13 +160,15 @@ def test_anything_else_is_a_worker_internal_error_chained_from_the_group() -> No
     assert outside.__cause__ is group
 
 
+@BOTH_BACKENDS
 async def test_a_cancellation_from_outside_reaches_the_callers_scope(
-    autojump_clock: trio.testing.MockClock,
+    backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform(take_hold=5.0)
     with trio.move_on_after(3.0) as scope:
         await trio_worker.testing.serve(
             lambda job: "ok",
+            async_backend=cast("AsyncBackend", backend),
             environ=platform.worker_env("http://platform"),
             transport=httpx.ASGITransport(app=platform),
             heartbeat="task",

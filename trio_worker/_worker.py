@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from ._asyncio_host import require_host
+from ._asyncio_host import host_loop, require_host
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
@@ -256,7 +256,11 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
-    progress = ProgressTarget(post_progress, trio.lowlevel.current_trio_token())
+    progress = ProgressTarget(
+        post_progress,
+        trio.lowlevel.current_trio_token(),
+        host_loop() if options.async_backend == "asyncio" else None,
+    )
     # Capacity is the ledger's business; the limiter only lifts trio's default of 40 threads.
     runner = JobRunner(
         JobSpec.from_options(options),
@@ -366,6 +370,12 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         current = None
     if current is target.token:
         target.post(job_id, body)
+    elif target.host is not None:
+        # A thread on the asyncio backend (asyncio.to_thread, an executor): its result
+        # reaches the handler's task through this same queue of the loop, after the post,
+        # so the job cannot end first. trio's queue keeps no order with the loop's: an
+        # update sent there could arrive after the job had ended, and be dropped.
+        target.host.call_soon_threadsafe(target.post, job_id, body)
     else:
         target.token.run_sync_soon(target.post, job_id, body)
 
