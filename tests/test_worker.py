@@ -185,3 +185,38 @@ async def test_testing_serve_rejects_an_unknown_heartbeat_mode() -> None:
             environ={"RUNPOD_WEBHOOK_GET_JOB": "http://platform/job-take/$ID"},
             heartbeat="sometimes",  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.parametrize("ended", ["trio run", "host loop"])
+def test_a_progress_update_after_its_worker_ended_is_ignored_with_a_warning(
+    ended: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A sync handler's thread abandoned at the end of the shutdown grace may still call
+    # progress_update once serve() has returned: a warning, never an exception in it.
+    async def token_of_a_run() -> trio.lowlevel.TrioToken:
+        return trio.lowlevel.current_trio_token()
+
+    posted: list[str] = []
+    token = trio.run(token_of_a_run)
+    loop = None
+    if ended == "host loop":
+        loop = asyncio.new_event_loop()
+        loop.close()
+    target = ProgressTarget(lambda job_id, body: posted.append(job_id), token, loop)
+    errors: list[BaseException] = []
+
+    def in_thread() -> None:
+        try:
+            trio_worker.progress_update({"id": "late"}, 50)
+        except BaseException as exc:  # whatever it raises is the failure
+            errors.append(exc)
+
+    context = contextvars.copy_context()
+    context.run(current_progress.set, target)
+    thread = threading.Thread(target=context.run, args=(in_thread,))
+    with caplog.at_level(logging.WARNING, logger="trio_worker"):
+        thread.start()
+        thread.join()
+    assert errors == []
+    assert posted == []
+    assert "progress_update for job late after its worker ended; ignored" in caplog.text

@@ -370,14 +370,20 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         current = None
     if current is target.token:
         target.post(job_id, body)
-    elif target.host is not None:
-        # A thread on the asyncio backend (asyncio.to_thread, an executor): its result
-        # reaches the handler's task through this same queue of the loop, after the post,
-        # so the job cannot end first. trio's queue keeps no order with the loop's: an
-        # update sent there could arrive after the job had ended, and be dropped.
-        target.host.call_soon_threadsafe(target.post, job_id, body)
-    else:
-        target.token.run_sync_soon(target.post, job_id, body)
+        return
+    try:
+        if target.host is not None:
+            # A thread on the asyncio backend (asyncio.to_thread, an executor): its result
+            # reaches the handler's task through this same queue of the loop, after the
+            # post, so the job cannot end first. trio's queue keeps no order with the
+            # loop's: an update sent there could arrive after the job had ended.
+            target.host.call_soon_threadsafe(target.post, job_id, body)
+        else:
+            target.token.run_sync_soon(target.post, job_id, body)
+    except (trio.RunFinishedError, RuntimeError):
+        # A thread that outlived its worker (abandoned at the end of the shutdown grace):
+        # the worker's run, or its loop, has ended.
+        log.warning("progress_update for job %s after its worker ended; ignored", job_id)
 
 
 def describe_settings(settings: Settings) -> str:
