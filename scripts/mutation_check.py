@@ -267,8 +267,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_handlers.py",
-                "with trio.CancelScope(shield=True) as wait:",
-                "with trio.CancelScope() as wait:",
+                "        except trio.Cancelled:\n            await waits.hold(finished)\n            raise",
+                "        except trio.Cancelled:\n            raise",
             ),
         ),
         required=False,
@@ -291,7 +291,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_handlers.py",
-                "with trio.move_on_after(self._close_bound, shield=True):",
+                "with self._waits.shielded(self._close_bound):",
                 "with trio.move_on_after(self._close_bound):",
             ),
         ),
