@@ -39,6 +39,8 @@ class Holds(Protocol):
 
     def shielded(self, bound: float = ...) -> AbstractContextManager[trio.CancelScope]: ...
 
+    def bounded(self, bound: float) -> AbstractContextManager[trio.CancelScope]: ...
+
 
 # Chunks an async generator may run ahead of the trio side (which has its own bounded
 # pipeline behind it); one wake-up of the trio side then moves a whole batch.
@@ -337,14 +339,14 @@ class AsyncioChunks:
     async def aclose(self) -> None:
         if not self._task.done():
             self._task.cancel()
-        # Without *waits*, bounded, not shielded: the one caller (Stream._chunks in
-        # _handlers.py) already closes streams under a shield.
+        # Bounded, not shielded: the one caller (Stream._chunks in _handlers.py) already
+        # closes streams under a shield, so that shield stays the one that matters.
         waits = self._waits
         started = trio.current_time()
         with (
             trio.move_on_after(self._close_bound)
             if waits is None
-            else waits.shielded(self._close_bound)
+            else waits.bounded(self._close_bound)
         ):
             await self._finished.wait()
         if not self._finished.is_set():

@@ -18,6 +18,7 @@ import functools
 import inspect
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import trio
@@ -104,11 +105,18 @@ class ThreadWaits:
         for scope in self._scopes:
             scope.cancel()
 
-    @contextlib.contextmanager
-    def shielded(self, bound: float = math.inf) -> Iterator[trio.CancelScope]:
+    def shielded(self, bound: float = math.inf) -> AbstractContextManager[trio.CancelScope]:
         """A scope shielded from its caller's cancellation that still ends after *bound*
         seconds or when :meth:`cancel_all` runs, whichever comes first."""
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + bound) as wait:
+        return self._scope(bound, shield=True)
+
+    def bounded(self, bound: float) -> AbstractContextManager[trio.CancelScope]:
+        """As :meth:`shielded`, for a caller that already shields it (a stream's close)."""
+        return self._scope(bound, shield=False)
+
+    @contextlib.contextmanager
+    def _scope(self, bound: float, *, shield: bool) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope(shield=shield, deadline=trio.current_time() + bound) as wait:
             self._register(wait)
             try:
                 yield wait
