@@ -267,7 +267,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_handlers.py",
-                "        except trio.Cancelled:\n            await waits.hold(finished)\n            raise",
+                "        except trio.Cancelled:\n"
+                "            await waits.hold(finished)\n"
+                "            raise",
                 "        except trio.Cancelled:\n            raise",
             ),
         ),

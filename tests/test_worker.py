@@ -18,6 +18,7 @@ import trio_worker
 import trio_worker.testing
 from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS
 from trio_worker._asyncio_host import await_on_asyncio
+from trio_worker._handlers import ThreadWaits
 from trio_worker._options import AsyncBackend
 from trio_worker._runner import ProgressTarget, current_progress
 from trio_worker._worker import _outside
@@ -97,7 +98,7 @@ async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
         async def beside_the_worker() -> None:  # an asyncio task on the worker's loop
             trio_worker.progress_update({"id": "j1"}, 50)
 
-        await await_on_asyncio(beside_the_worker())
+        await await_on_asyncio(beside_the_worker(), waits=ThreadWaits())
     else:
         trio_worker.progress_update({"id": "j1"}, 50)
     assert "outside a job" in caplog.text

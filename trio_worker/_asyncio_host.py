@@ -207,15 +207,15 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
 async def await_on_asyncio(
     awaitable: Awaitable[T],
     *,
-    waits: Holds | None = None,
+    waits: Holds,
     cancel_bound: float = 5.0,
 ) -> T:
     """Await *awaitable* as an asyncio task on the host loop, from a trio task.
 
     If the trio scope is cancelled, the asyncio task is cancelled and awaited (shielded)
     before ``trio.Cancelled`` propagates. A task that swallows its cancellation holds its
-    caller for at most *cancel_bound* seconds and, with *waits*, no later than
-    ``waits.cancel_all()`` (the end of the shutdown grace), as a sync handler's thread does.
+    caller for at most *cancel_bound* seconds and no later than ``waits.cancel_all()`` (the
+    end of the shutdown grace; local mode has none), as a sync handler's thread does.
     """
     loop = host_loop()
     coro: Coroutine[Any, Any, T] = (
@@ -236,15 +236,15 @@ async def await_on_asyncio(
     return _result(task)
 
 
-async def _wait_cancelled(finished: trio.Event, waits: Holds | None, bound: float) -> None:
-    with trio.move_on_after(bound, shield=True) if waits is None else waits.shielded(bound):
+async def _wait_cancelled(finished: trio.Event, waits: Holds, bound: float) -> None:
+    with waits.shielded(bound):
         await finished.wait()
     if not finished.is_set():
         log.warning("asyncio task still running after its cancellation; no longer waited for")
 
 
 def asyncio_initializer(
-    initializer: Callable[[], Any], *, is_async: bool, waits: Holds | None = None
+    initializer: Callable[[], Any], *, is_async: bool, waits: Holds
 ) -> Callable[[], Awaitable[None]]:
     """*initializer*, with its coroutine (if it makes one) run as an asyncio task.
 

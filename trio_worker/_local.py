@@ -82,7 +82,8 @@ async def _run_once(
         dict(test_input) if isinstance(test_input, dict) else {"input": test_input}
     )
     job = HeldJob(str(payload.setdefault("id", LOCAL_JOB_ID)), payload)
-    initializer = initializer_for(options)
+    waits = ThreadWaits()
+    initializer = initializer_for(options, waits)
     if initializer is not None:
         tail = capture.tail if capture is not None else (lambda limit=0: "")
         failure = await run_initializer(
@@ -98,7 +99,7 @@ async def _run_once(
         StdoutChunks(),
         capture,
         trio.CapacityLimiter(math.inf),
-        ThreadWaits(),
+        waits,
         shared_process=lambda: False,
     )
     report = await runner.run(job)

@@ -145,7 +145,7 @@ def validate_backend(async_backend: str) -> None:
     raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")
 
 
-def initializer_for(options: WorkerOptions, waits: Holds | None = None) -> Initializer | None:
+def initializer_for(options: WorkerOptions, waits: Holds) -> Initializer | None:
     """The initializer as the backend runs it: on the asyncio backend its coroutine (if it
     makes one) runs as a task on the host loop, where the handlers will find its engine;
     once cancelled, its cleanup is waited for no later than the end of the shutdown grace
