@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 class Holds(Protocol):
     """Where a cancelled caller waits for code that has not ended yet (``ThreadWaits``):
-    shielded, and never past the end of the shutdown grace."""
+    never past the end of the shutdown grace."""
 
     def shielded(self, bound: float = ...) -> AbstractContextManager[trio.CancelScope]: ...
 
@@ -283,13 +283,11 @@ class AsyncioChunks:
     only when it waits, so a burst of chunks costs one wake-up, not one task per chunk.
     ``aclose()`` cancels the pump (the generator sees ``asyncio.CancelledError`` where it
     waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup:
-    *close_bound* seconds at most and, with *waits*, no later than the end of the shutdown
-    grace, after which a plain handler's task is no longer waited for either.
+    *close_bound* seconds at most, and no later than the end of the shutdown grace
+    (*waits*), after which a plain handler's task is no longer waited for either.
     """
 
-    def __init__(
-        self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds | None = None
-    ) -> None:
+    def __init__(self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds) -> None:
         self._source = source
         self._close_bound = close_bound
         self._waits = waits
@@ -341,13 +339,8 @@ class AsyncioChunks:
             self._task.cancel()
         # Bounded, not shielded: the one caller (Stream._chunks in _handlers.py) already
         # closes streams under a shield, so that shield stays the one that matters.
-        waits = self._waits
         started = trio.current_time()
-        with (
-            trio.move_on_after(self._close_bound)
-            if waits is None
-            else waits.bounded(self._close_bound)
-        ):
+        with self._waits.bounded(self._close_bound):
             await self._finished.wait()
         if not self._finished.is_set():
             log.warning("async generator cleanup cut after %.1fs", trio.current_time() - started)

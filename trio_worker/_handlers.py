@@ -123,10 +123,9 @@ class ThreadWaits:
             finally:
                 self._scopes.discard(wait)
 
-    async def hold(self, finished: trio.Event, *, bound: float = math.inf) -> None:
-        """Wait, shielded, for *finished*: until it is set, *bound* seconds pass or
-        :meth:`cancel_all` runs."""
-        with self.shielded(bound):
+    async def hold(self, finished: trio.Event) -> None:
+        """Wait, shielded, for *finished*: until it is set or :meth:`cancel_all` runs."""
+        with self.shielded():
             await finished.wait()
 
     def _register(self, scope: trio.CancelScope) -> None:
