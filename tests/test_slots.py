@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -50,6 +51,22 @@ class Peak:
 
 def burst(count: int, prefix: str = "j") -> list[dict[str, Any]]:
     return [{"id": f"{prefix}{n}", "input": {"n": n}} for n in range(count)]
+
+
+def starts_then_sleeps(
+    backend: str, seconds: float
+) -> tuple[Callable[[dict[str, Any]], Awaitable[str]], list[str]]:
+    """An async handler on *backend* that records each job's id as it starts, then sleeps
+    *seconds*; and the list it records to."""
+    sleep = sleep_for(backend)
+    started: list[str] = []
+
+    async def handler(job: dict[str, Any]) -> str:
+        started.append(job["id"])
+        await sleep(seconds)
+        return "ok"
+
+    return handler, started
 
 
 def completed(platform: FakePlatform, ids: list[str]) -> bool:
@@ -102,15 +119,12 @@ async def test_waiting_jobs_are_held_and_pinged_then_run_in_turn(
 ) -> None:
     harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0), backend)
     sleep = sleep_for(backend)
-    running: list[str] = []
-    peak = 0
+    peak = Peak()
 
     async def handler(job: dict[str, Any]) -> Any:
-        nonlocal peak
-        running.append(job["id"])
-        peak = max(peak, len(running))
+        peak.enter()
         await sleep(3.0)
-        running.remove(job["id"])
+        peak.leave()
         return job["input"]
 
     states: list[tuple[str, JobState, JobEvent]] = []
@@ -128,7 +142,7 @@ async def test_waiting_jobs_are_held_and_pinged_then_run_in_turn(
     await harness.platform.wait_for_requests("ping", pings_before + 1)
     assert set(harness.platform.pings[-1].job_ids) == set(ids)
     await harness.wait_until(lambda: completed(harness.platform, ids))
-    assert peak == 2
+    assert peak.peak == 2
     waited = {job_id for job_id, _, event in states if event is JobEvent.WAIT_FOR_SLOT}
     assert len(waited) == 8
 
@@ -138,14 +152,7 @@ async def test_stop_for_a_job_waiting_for_a_slot_stops_it_unstarted(
     backend: str, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
 ) -> None:
     harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0), backend)
-    sleep = sleep_for(backend)
-    started: list[str] = []
-
-    async def handler(job: dict[str, Any]) -> Any:
-        started.append(job["id"])
-        await sleep(10.0)
-        return "ok"
-
+    handler, started = starts_then_sleeps(backend, 10.0)
     handle = await harness.start(nursery, handler, concurrency=1)
     harness.platform.enqueue_raw(burst(3))
     await harness.wait_until(lambda: started == ["j0"] and len(handle.held_ids) == 3)
@@ -161,14 +168,7 @@ async def test_shutdown_releases_jobs_waiting_for_a_slot_and_finishes_the_runnin
     backend: str, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
 ) -> None:
     harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0), backend)
-    sleep = sleep_for(backend)
-    started: list[str] = []
-
-    async def handler(job: dict[str, Any]) -> Any:
-        started.append(job["id"])
-        await sleep(1.0)
-        return "ok"
-
+    handler, started = starts_then_sleeps(backend, 1.0)
     handle = await harness.start(nursery, handler, concurrency=1)
     harness.platform.enqueue_raw(burst(5))
     await harness.wait_until(lambda: started == ["j0"] and len(handle.held_ids) == 5)
@@ -186,16 +186,13 @@ async def test_a_growing_concurrency_admits_more_waiting_jobs(
 ) -> None:
     harness = Harness(FakePlatform(take_hold=5.0, stop_hold=5.0), backend)
     sleep = sleep_for(backend)
-    running = 0
-    peak = 0
+    peak = Peak()
     wanted = [1]
 
     async def handler(job: dict[str, Any]) -> Any:
-        nonlocal running, peak
-        running += 1
-        peak = max(peak, running)
+        peak.enter()
         await sleep(1.0)
-        running -= 1
+        peak.leave()
         return "ok"
 
     handle = await harness.start(nursery, handler, concurrency=lambda current: wanted[0])
@@ -203,12 +200,12 @@ async def test_a_growing_concurrency_admits_more_waiting_jobs(
     harness.platform.enqueue_raw(jobs)
     await harness.wait_until(lambda: len(handle.held_ids) == 6)
     await trio.sleep(0.5)
-    assert running == 1
+    assert peak.running == 1
     wanted[0] = 3
     # The next evaluation (before a take) raises the slots; held >= 3 keeps the take idle,
     # so a job finishing (a slot event) is what lets the take task evaluate again.
     await harness.wait_until(lambda: completed(harness.platform, [j["id"] for j in jobs]))
-    assert peak == 3
+    assert peak.peak == 3
 
 
 # Trio only: its handlers are sync, in threads on either backend, and an asyncio twin
