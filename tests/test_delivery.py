@@ -531,28 +531,15 @@ async def test_at_shutdown_a_pending_result_goes_on_until_the_grace_ends(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="trio_worker")
     platform = FakePlatform()
+    platform.inject(Fault("done", status=503, times=10**9))
     timings = Timings(shutdown_grace=20.0, report_deadline=5.0)
-    async with memory_network(platform) as opener:
-        platform.inject(Fault("done", status=503, times=10**9))
-        async with trio.open_nursery() as nursery:
-            handle = await nursery.start(
-                functools.partial(
-                    trio_worker.testing.serve,
-                    echo,
-                    environ=platform.worker_env("http://platform"),
-                    open_stream=opener,
-                    heartbeat="task",
-                    handle_signals=False,
-                    capture_logs="off",
-                    timings=timings,
-                )
-            )
-            job_id = platform.enqueue({})
-            with trio.fail_after(3600):
-                await platform.wait_for_requests("done", 3)
-            shutdown = trio.current_time()
-            handle.shutdown("SIGTERM")
-        ended = trio.current_time()
+    async with running(platform, echo, timings=timings) as handle:
+        job_id = platform.enqueue({})
+        with trio.fail_after(3600):
+            await platform.wait_for_requests("done", 3)
+        shutdown = trio.current_time()
+        handle.shutdown("SIGTERM")
+    ended = trio.current_time()
     attempts = done_requests(platform, job_id)
     assert attempts[-1].time <= shutdown + 20.0
     assert attempts[-1].time >= shutdown + 20.0 - 2.0 - 10.0  # retried on into the grace
@@ -566,31 +553,17 @@ async def test_cancelling_serve_cuts_a_pending_result_to_report_deadline(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="trio_worker")
     platform = FakePlatform()
-    timings = Timings(report_deadline=5.0)
-    async with memory_network(platform) as opener:
-        platform.inject(Fault("done", status=503, times=10**9))
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(
-                    functools.partial(
-                        trio_worker.testing.serve,
-                        echo,
-                        environ=platform.worker_env("http://platform"),
-                        open_stream=opener,
-                        heartbeat="task",
-                        handle_signals=False,
-                        capture_logs="off",
-                        timings=timings,
-                    )
-                )
-                job_id = platform.enqueue({})
-                with trio.fail_after(3600):
-                    await platform.wait_for_requests("done", 1)
-                reported = done_requests(platform, job_id)[0].time
-                await trio.sleep(1.0)
-                cancelled = trio.current_time()
-                scope.cancel()
-        ended = trio.current_time()
+    platform.inject(Fault("done", status=503, times=10**9))
+    with trio.CancelScope() as scope:
+        async with running(platform, echo, timings=Timings(report_deadline=5.0)):
+            job_id = platform.enqueue({})
+            with trio.fail_after(3600):
+                await platform.wait_for_requests("done", 1)
+            reported = done_requests(platform, job_id)[0].time
+            await trio.sleep(1.0)
+            cancelled = trio.current_time()
+            scope.cancel()
+    ended = trio.current_time()
     # Not the 300 s budget: at most report_deadline from the report's start.
     assert cancelled < ended <= reported + 5.0 + 0.01
     assert len(lost_lines(caplog)) == 1
