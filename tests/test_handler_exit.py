@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import httpx
@@ -225,14 +226,20 @@ async def test_each_failed_job_gets_one_redacted_error_line_without_its_input(
     assert "prompt text" not in caplog.text
 
 
-@BOTH_BACKENDS
-async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_ends(
-    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
-) -> None:
+def failing_load(backend: str) -> Callable[[], Awaitable[None]]:
+    """An initializer in *backend*'s code that fails after one checkpoint."""
+
     async def init() -> None:
         await sleep_for(backend)(0)
         raise RuntimeError("weights missing")
 
+    return init
+
+
+@BOTH_BACKENDS
+async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_ends(
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="trio_worker")
     platform = FakePlatform(take_hold=0.5, stop_hold=0.5)
 
@@ -243,7 +250,12 @@ async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_e
     async with trio.open_nursery() as nursery:
         nursery.start_soon(enqueue_later)
         with pytest.raises(trio_worker.InitializationError):
-            await serve(platform, exits_or_sleeps(backend), backend=backend, initializer=init)()
+            await serve(
+                platform,
+                exits_or_sleeps(backend),
+                backend=backend,
+                initializer=failing_load(backend),
+            )()
     lines = [r.getMessage() for r in caplog.records]
     assert (
         "initializer failed with no job held: waiting up to 2.5 s to claim a request to fail"
@@ -256,13 +268,11 @@ async def test_the_claim_wait_after_a_failed_load_is_logged_when_it_starts_and_e
 async def test_a_claim_wait_that_claims_nothing_says_so(
     backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def init() -> None:
-        await sleep_for(backend)(0)
-        raise RuntimeError("weights missing")
-
     caplog.set_level(logging.INFO, logger="trio_worker")
     platform = FakePlatform(take_hold=0.5, stop_hold=0.5)
     with pytest.raises(trio_worker.InitializationError):
-        await serve(platform, exits_or_sleeps(backend), backend=backend, initializer=init)()
+        await serve(
+            platform, exits_or_sleeps(backend), backend=backend, initializer=failing_load(backend)
+        )()
     lines = [r.getMessage() for r in caplog.records]
     assert "claim wait over: none" in lines
