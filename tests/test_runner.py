@@ -30,6 +30,10 @@ class ListChunks:
         self.bodies.append(body)
         return True
 
+    async def send_batch(self, job_id: str, bodies: list[bytes]) -> list[bool | None]:
+        self.bodies += bodies
+        return [True] * len(bodies)
+
 
 def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> JobRunner:
     return JobRunner(

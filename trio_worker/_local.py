@@ -53,6 +53,9 @@ class StdoutChunks:
         _print(json.dumps({"stream": json.loads(body)["output"]}))
         return True
 
+    async def send_batch(self, job_id: str, bodies: list[bytes]) -> list[bool | None]:
+        return [await self.send_chunk(job_id, body, retry_until=0.0) for body in bodies]
+
 
 def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
     return init_failure_report(failure, worker_identity(settings), settings.redactor).decode()

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
+from ._chunk_posts import STREAM_PIPELINE_DEPTH, ChunkSink, post_chunks
 from ._compat import clear_reference_debugger
 from ._errors import (
     MAX_ERROR_BODY_BYTES,
@@ -40,7 +42,6 @@ from ._handlers import (
     handler_kind,
     is_cancellation,
 )
-from ._platform._client import PlatformClient, ReportOutcome
 from ._results import (
     ResultEncodingError,
     encode_result,
@@ -61,9 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_worker")
 
-# Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
-# an unbounded backlog in memory.
-STREAM_PIPELINE_DEPTH = 64
 # A final report names at most this many undelivered chunks (and always their count).
 MAX_LISTED_CHUNKS = 1000
 # Room kept in an error body for "stopPod": true, added after the note on lost chunks.
@@ -110,40 +108,6 @@ class ProgressTarget:
 current_progress: contextvars.ContextVar[ProgressTarget | None] = contextvars.ContextVar(
     "trio_worker_progress", default=None
 )
-
-
-class ChunkSink(Protocol):
-    """Where a streaming job's chunks go, in order: the platform, or stdout in local mode.
-
-    ``send_chunk`` tries until *retry_until* (trio time; at least one attempt) and says
-    whether the chunk was delivered."""
-
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool: ...
-
-
-class PlatformChunks:
-    """Posts each chunk to the job-stream route, retried until *retry_until*."""
-
-    def __init__(self, client: PlatformClient, settings: Settings) -> None:
-        self.client = client
-        self.settings = settings
-
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
-        url = self.settings.platform.stream_url(job_id)
-        # A stream whose budget is spent still gives each chunk one attempt's timeout: the
-        # platform may be back.
-        once = trio.current_time() + self.settings.timings.report_attempt_bound(len(body))
-        outcome = ReportOutcome()
-        with trio.move_on_at(max(retry_until, once)):
-            await self.client.post_report(url, body, job_id=job_id, outcome=outcome)
-        if not outcome.delivered:
-            log.error(
-                "stream chunk for job %s not delivered after %d attempt(s): %s",
-                job_id,
-                outcome.attempts,
-                outcome.last_error or "no attempt made",
-            )
-        return outcome.delivered
 
 
 @dataclass(frozen=True)
@@ -290,7 +254,12 @@ class JobRunner:
         send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
         undelivered: list[int] = []
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._send_chunks, job.id, receive, undelivered)
+            budget = self.settings.timings.report_budget
+            nursery.start_soon(
+                functools.partial(
+                    post_chunks, self.chunks, job.id, receive, undelivered, budget=budget
+                )
+            )
             # aclosing: a stream left early (error chunk, non-JSON chunk) runs the user's
             # cleanup now, not whenever the generator is garbage collected.
             chunks = aiter(stream)
@@ -343,28 +312,6 @@ class JobRunner:
         return output_error_body(
             err, category="unknown", identity=self.identity, redactor=self.settings.redactor
         )
-
-    async def _send_chunks(
-        self, job_id: str, receive: trio.MemoryReceiveChannel[bytes], undelivered: list[int]
-    ) -> None:
-        """Post the chunks in order; the indexes of those finally lost go to *undelivered*.
-
-        The stream's budget is counted from its last sign of life (its start, or the last
-        chunk acknowledged): an outage shorter than ``report_budget`` loses no chunk, and a
-        dead platform costs the budget once, not once per chunk.
-        """
-        budget = self.settings.timings.report_budget
-        alive = trio.current_time()
-        async with receive:
-            index = 0
-            async for body in receive:
-                # Chunks go out in order; the generator runs ahead meanwhile (the reference
-                # waits for every POST before advancing: docs/protocol.md §8 item 15).
-                if await self.chunks.send_chunk(job_id, body, retry_until=alive + budget):
-                    alive = trio.current_time()
-                else:
-                    undelivered.append(index)
-                index += 1
 
 
 def note_undelivered(

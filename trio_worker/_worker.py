@@ -19,6 +19,7 @@ import trio
 
 from ._asyncio_host import host_loop, require_host
 from ._capture import OutputCapture, install_python_stream_attribution
+from ._chunk_posts import PlatformChunks
 from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
@@ -27,7 +28,7 @@ from ._options import AsyncBackend, Concurrency, WorkerOptions, initializer_for,
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
-from ._runner import JobRunner, JobSpec, PlatformChunks, ProgressTarget, current_progress
+from ._runner import JobRunner, JobSpec, ProgressTarget, current_progress
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ import trio
 from .._config import MAX_ANSWER_BYTES, MAX_TAKE_ANSWER_BYTES
 from .._exceptions import PlatformError, RateLimited, TransportError
 from .._version import __version__
-from ._http import HttpResponse, make_backend
+from ._http import HttpResponse, PipeliningBackend, make_backend
 from ._wire import TakeResponse, parse_stop, parse_take
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ USER_AGENT = f"trio_worker/{__version__} (Language/Python {platform.python_versi
 REPORT_CONTENT_TYPE = "application/x-www-form-urlencoded"
 
 
-def _retryable(status: int) -> bool:
+def is_retryable(status: int) -> bool:
     """408, 429 and every 5xx are worth another attempt (docs/design.md §5)."""
     return status >= 500 or status in (408, 429)
 
@@ -99,6 +99,9 @@ class PlatformClient:
         self._reports = backend({**headers, "Content-Type": REPORT_CONTENT_TYPE})
         if wrap_backend is not None:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
+        # Stream chunks are pipelined until the platform shows it cannot take that
+        # (docs/protocol.md §2.4); httpx (a proxy, an injected transport) never pipelines.
+        self.pipelining = isinstance(self._reports, PipeliningBackend)
 
     async def aclose(self) -> None:
         # Each backend closes its own connections even when cancelled; this only makes
@@ -184,7 +187,7 @@ class PlatformClient:
         bound = self.timings.report_attempt_bound(len(body))
         while True:
             status = await self._attempt(url, body, bound, outcome)
-            if outcome.delivered or (status is not None and not _retryable(status)):
+            if outcome.delivered or (status is not None and not is_retryable(status)):
                 return outcome
             if superseded is not None and superseded():
                 outcome.last_error = f"{outcome.last_error}; superseded by a newer update"
@@ -199,6 +202,43 @@ class PlatformClient:
                     delay,
                 )
             await trio.sleep(delay)
+
+    async def post_pipelined(self, url: str, bodies: list[bytes], *, job_id: str) -> list[int]:
+        """One attempt at POSTing every body to *url*, pipelined on one connection: the
+        statuses answered, in order, for a prefix of *bodies* (all of them when all went
+        well; none when pipelining is off). Never raises for platform trouble: what was not
+        answered is the caller's to send again.
+
+        A platform that answers part of a batch and then nothing within the attempt's
+        timeout does not take pipelined requests (a proxy in the way, say): pipelining is
+        then turned off for good, with a warning, and chunks go one at a time.
+        """
+        backend = self._reports
+        if not self.pipelining or not isinstance(backend, PipeliningBackend):
+            return []
+        bound = self.timings.report_attempt_bound(sum(len(body) for body in bodies))
+        answers: list[HttpResponse] = []
+        with trio.move_on_after(bound) as scope:
+            try:
+                await backend.pipeline("POST", url, bodies, answers)
+            except TransportError as exc:
+                log.debug(
+                    "job %s: %d of %d pipelined stream chunks answered: %s",
+                    job_id,
+                    len(answers),
+                    len(bodies),
+                    exc,
+                )
+        if scope.cancelled_caught and answers:
+            self.pipelining = False
+            log.warning(
+                "the platform answered %d of %d pipelined stream chunks, then nothing for "
+                "%.1fs: stream chunks now go one request at a time",
+                len(answers),
+                len(bodies),
+                bound,
+            )
+        return [answer.status for answer in answers]
 
     async def _attempt(
         self, url: str, body: bytes, bound: float, outcome: ReportOutcome

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 import httpx
 
@@ -57,6 +57,7 @@ __all__ = [
     "HttpResponse",
     "HttpxHttp",
     "LeanHttp",
+    "PipeliningBackend",
     "StreamOpener",
     "make_backend",
     "proxy_configured",
@@ -77,6 +78,24 @@ class HttpBackend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PipeliningBackend(HttpBackend, Protocol):
+    """A backend that can write several requests at once on one connection (the lean
+    client; httpx cannot)."""
+
+    async def pipeline(
+        self,
+        method: str,
+        url: str,
+        bodies: list[bytes],
+        answers: list[HttpResponse],
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+    ) -> None:
+        """See :meth:`LeanHttp.pipeline`."""
+        ...
 
 
 def proxy_configured(environ: Mapping[str, str]) -> bool:

@@ -291,6 +291,87 @@ class LeanHttp:
                 await trio.aclose_forcefully(connection.stream)
             return response
 
+    async def pipeline(
+        self,
+        method: str,
+        url: str,
+        bodies: list[bytes],
+        answers: list[HttpResponse],
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+    ) -> None:
+        """Send every body to *url* at once on one connection (HTTP/1.1 pipelining), then
+        read the answers in order, appending each to *answers* as it is read.
+
+        *answers* is the caller's, so a caller whose deadline cut the reading still knows
+        which requests were answered: the rest may or may not have been processed, as for
+        a single request whose answer never came. A failure after some answers raises
+        :class:`TransportError` with *answers* holding those; the connection is then closed.
+        """
+        origin, head = self._prefix(method, url)
+        message = b"".join(head + b"Content-Length: %d\r\n\r\n" % len(b) + b for b in bodies)
+        while True:
+            connection = await self._connection(origin)
+            try:
+                await self._pipelined_exchange(
+                    connection, origin, method, message, len(bodies), answers, max_body
+                )
+            except _StaleConnection:
+                # Closed while idle, nothing answered: nothing was processed.
+                await trio.aclose_forcefully(connection.stream)
+                continue
+            except BaseException:
+                await trio.aclose_forcefully(connection.stream)
+                raise
+            if self._reusable(connection.protocol):
+                connection.reused = True
+                self._idle.setdefault(origin, []).append(connection)
+            else:
+                await trio.aclose_forcefully(connection.stream)
+            return
+
+    async def _pipelined_exchange(
+        self,
+        connection: _Connection,
+        origin: _Origin,
+        method: str,
+        message: bytes,
+        count: int,
+        answers: list[HttpResponse],
+        max_body: int,
+    ) -> None:
+        protocol = connection.protocol
+        # Only the first answer can find the connection stale: once a byte has come, a
+        # close is a lost connection, never a reason to send the whole batch again.
+        connection.answered = False
+        try:
+            await connection.stream.send_all(message)
+            for index in range(count):
+                if index:
+                    if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
+                        # Connection: close (or HTTP/1.0) on the last answer: the server
+                        # takes no further request on this connection.
+                        raise TransportError(
+                            f"{origin.where} closed the connection after {index} of "
+                            f"{count} pipelined requests"
+                        )
+                    # Unlike _reusable, bytes past the answer are expected here: they are
+                    # the next answers.
+                    protocol.start_next_cycle()
+                connection.head = connection.closed = False
+                # The bounds on an answer's head count this answer's bytes only.
+                connection.received = len(protocol.trailing_data[0])
+                protocol.send(_h11_request(method))
+                protocol.send(_END)
+                head = await self._read_head(connection, origin)
+                answers.append(await self._read_body(connection, method, head, max_body, origin))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if connection.stale and not answers:
+                raise _StaleConnection from exc
+            raise TransportError(f"connection lost with {origin.where}: {exc!r}") from exc
+        except h11.ProtocolError as exc:
+            raise _protocol_failure(origin, exc, connection) from exc
+
     @staticmethod
     def _reusable(protocol: h11.Connection) -> bool:
         """Only when h11 says both sides may go on, and nothing unasked-for was received."""
