@@ -1055,9 +1055,8 @@ async def test_fail_after_timeout_closes_connection(server: Server, client: Lean
     with pytest.raises(trio.TooSlowError), trio.fail_after(0.05):
         await client.request("GET", server.url("/slow"))
     with trio.fail_after(TIMEOUT):
-        await server.peers[0].client_closed.wait()
         assert (await client.request("GET", server.url("/after"))).body == b"after"
-    assert server.accepted == 2
+    assert server.accepted == 2  # the cut connection was closed, not pooled
     assert_no_resource_warning()
 
 
@@ -1581,3 +1580,117 @@ def test_make_backend_refuses_a_key_that_cannot_be_sent_on_either_path(
     with pytest.raises(ConfigurationError, match="Authorization") as caught:
         make_backend({"Authorization": "rpa_key\nX: y"}, transport=None, environ=environ)
     assert "rpa_key" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------------------
+# Pipelining (stream chunks, docs/protocol.md §2.4)
+# --------------------------------------------------------------------------------------
+
+BODIES = [b'{"output": 0}', b'{"output": 1}', b'{"output": 2}']
+
+
+async def pipeline(
+    client: LeanHttp, server: Server, bodies: list[bytes] = BODIES
+) -> list[HttpResponse]:
+    answers: list[HttpResponse] = []
+    await client.pipeline("POST", server.url("/job-stream/w/j?x=1"), bodies, answers)
+    return answers
+
+
+async def test_pipelined_requests_are_answered_in_order_on_one_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    # All three answers in one write: each must be cut at its own end.
+    server.reply(response(b"a") + response(b"b", "503 Busy") + response(b"c", "201 Created"))
+    server.reply()
+    server.reply()
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        after = await client.request("GET", server.url("/after"))
+    assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"b"), (201, b"c")]
+    assert after.body == b"after"
+    assert server.accepted == 1  # kept alive, and reused
+    assert [(r.method, r.target, r.body) for r in server.requests[:3]] == [
+        ("POST", "/job-stream/w/j?x=1", body) for body in BODIES
+    ]
+    assert all(r.header("Content-Length") == str(len(r.body)) for r in server.requests[:3])
+
+
+async def test_connection_close_ends_a_pipeline_with_the_answers_so_far(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a", headers=("Connection: close",)), then="close")
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="after 1 of 3 pipelined"):
+        await client.pipeline("POST", server.url("/s"), BODIES, answers)
+    assert [a.body for a in answers] == [b"a"]
+
+
+@pytest.mark.parametrize(
+    "second", [b"HTTP/1.1 2OO OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab"]
+)
+async def test_a_bad_answer_mid_pipeline_keeps_the_earlier_answers(
+    server: Server, client: LeanHttp, second: bytes
+) -> None:
+    server.reply(response(b"a"))
+    server.reply(second, then="close")
+    server.reply(response(b"fresh"))
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(TransportError):
+            await client.pipeline("POST", server.url("/s"), BODIES, answers)
+        assert [a.body for a in answers] == [b"a"]
+        # The broken connection was not pooled.
+        assert (await client.request("GET", server.url("/next"))).body == b"fresh"
+    assert server.accepted == 2
+
+
+async def test_a_stale_connection_sends_the_whole_batch_again_once(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"warm"))
+    for body in (b"a", b"b", b"c"):
+        server.reply(response(body))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/warm"))).body == b"warm"
+        idle = server.peers[0]
+        await idle.close()
+        await idle.done.wait()
+        answers = await pipeline(client, server)
+    assert [a.body for a in answers] == [b"a", b"b", b"c"]
+    # Nothing reached the closed connection; each body reached the fresh one once.
+    assert [(r.connection, r.body) for r in server.requests[1:]] == [(1, b) for b in BODIES]
+
+
+async def test_a_close_after_some_answers_is_never_taken_for_a_stale_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"warm"))
+    server.reply(response(b"a"), then="close")  # no "Connection: close": just gone
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/warm"))).body == b"warm"
+        answers: list[HttpResponse] = []
+        with pytest.raises(TransportError):
+            await client.pipeline("POST", server.url("/s"), BODIES, answers)
+    assert [a.body for a in answers] == [b"a"]
+    # Processed requests were not sent again: what followed the answered one is the
+    # caller's to send again, not the client's.
+    assert server.accepted == 1
+
+
+async def test_a_cancelled_pipeline_keeps_its_answers_and_closes_its_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a"))
+    server.reply(b"", response(b"b"), pause=10.0)  # far too late
+    server.reply(response(b"after"))
+    answers: list[HttpResponse] = []
+    with trio.move_on_after(0.05) as scope:
+        await client.pipeline("POST", server.url("/s"), BODIES[:2], answers)
+    assert scope.cancelled_caught
+    assert [a.body for a in answers] == [b"a"]
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/after"))).body == b"after"
+    assert server.accepted == 2  # the cut connection was closed, not pooled
+    assert_no_resource_warning()

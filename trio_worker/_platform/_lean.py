@@ -366,7 +366,7 @@ class LeanHttp:
                 head = await self._read_head(connection, origin)
                 answers.append(await self._read_body(connection, method, head, max_body, origin))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            if connection.stale and not answers:
+            if connection.stale:
                 raise _StaleConnection from exc
             raise TransportError(f"connection lost with {origin.where}: {exc!r}") from exc
         except h11.ProtocolError as exc:

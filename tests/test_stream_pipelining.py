@@ -1,0 +1,234 @@
+"""Stream chunks waiting behind a POST go out pipelined (docs/protocol.md §2.4), in virtual time.
+
+The whole worker runs over ``memory_network`` against the fake platform, whose h11 server
+takes pipelined requests as any HTTP/1.1 server must. A wrapper around each connection
+counts the requests every write carries, so a test sees whether chunks were pipelined, and
+can play a server (or a proxy) that drops what follows the first request of a write.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from trio_worker import Timings
+from trio_worker.testing import FakePlatform, Fault
+
+from .backends import BOTH_BACKENDS, sleep_for
+from .test_delivery import Opener, finished, running
+
+pytestmark = pytest.mark.timeout(60)
+
+CHUNKS = 12
+
+
+def burst(backend: str, count: int = CHUNKS) -> Callable[[dict[str, Any]], Any]:
+    """Chunk 0, then, half a second later (while chunk 0's POST is held by
+    :func:`slow_first_chunk`), the other *count* - 1 with no wait between them: they
+    are all waiting when the sender comes back, whichever task the scheduler runs first."""
+    sleep = sleep_for(backend)
+
+    async def stream(job: dict[str, Any]) -> Any:
+        yield 0
+        await sleep(0.5)
+        for n in range(1, count):
+            yield n
+
+    return stream
+
+
+class Writes:
+    """The network, counting the stream-chunk requests each write carries.
+
+    With *forward_only_first*, a write holding several requests reaches the server cut
+    after its first request: a server (or a proxy) that does not take pipelined requests
+    and waits for more instead.
+    """
+
+    def __init__(self, *, forward_only_first: bool = False) -> None:
+        self.per_write: list[int] = []
+        self.forward_only_first = forward_only_first
+
+    def network(self, opener: Opener) -> Opener:
+        async def open_stream(host: str, port: int, tls: bool) -> trio.abc.Stream:
+            return _Counted(await opener(host, port, tls), self)
+
+        return open_stream
+
+
+class _Counted(trio.abc.Stream):
+    def __init__(self, inner: trio.abc.Stream, writes: Writes) -> None:
+        self._inner = inner
+        self._writes = writes
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        data = bytes(data)
+        count = data.count(b"/job-stream/")
+        if count:
+            self._writes.per_write.append(count)
+        if count > 1 and self._writes.forward_only_first:
+            data = data[: _first_request_end(data)]
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:  # pragma: no cover - the worker never half-closes
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _first_request_end(data: bytes) -> int:
+    head_end = data.index(b"\r\n\r\n") + 4
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in data[:head_end].split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head_end + length
+
+
+def slow_first_chunk() -> Fault:
+    """The first chunk's answer takes a second, so the chunks behind it wait together."""
+    return Fault("stream", delay=1.0)
+
+
+@BOTH_BACKENDS
+async def test_chunks_waiting_behind_a_post_go_out_together_in_order(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    writes = Writes()
+    async with running(platform, burst(backend), backend=backend, network=writes.network):
+        platform.inject(slow_first_chunk())
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert job.stream == list(range(CHUNKS))
+    assert job.done_reports == [{"output": []}]
+    # The first chunk alone, then the eleven that waited for it in one write.
+    assert writes.per_write == [1, CHUNKS - 1]
+
+
+@BOTH_BACKENDS
+async def test_a_chunk_refused_for_now_in_a_batch_is_sent_again_after_it(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    writes = Writes()
+    async with running(platform, burst(backend), backend=backend, network=writes.network):
+        platform.inject(slow_first_chunk())
+        platform.inject(Fault("stream", status=503))  # chunk 1, the batch's first
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    # The platform took chunks 2-11 from the wire before chunk 1 could go again: reordered,
+    # not lost, and not sent twice.
+    assert job.stream == [0, *range(2, CHUNKS), 1]
+    assert job.done_reports == [{"output": []}]
+    assert writes.per_write == [1, CHUNKS - 1, 1]
+
+
+@BOTH_BACKENDS
+async def test_after_trouble_the_next_batch_goes_one_chunk_at_a_time(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    writes = Writes()
+    sleep = sleep_for(backend)
+
+    async def three_bursts(job: dict[str, Any]) -> Any:
+        yield 0
+        await sleep(0.5)
+        for n in range(1, 4):
+            yield n
+        await sleep(1.0)  # while chunk 1 goes again, slowly
+        for n in range(4, 8):
+            yield n
+        await sleep(5.0)  # everything settled
+        yield 8
+        await sleep(0.5)
+        for n in range(9, 12):
+            yield n
+
+    async with running(platform, three_bursts, backend=backend, network=writes.network):
+        for fault in (
+            slow_first_chunk(),  # 0
+            Fault("stream", status=503),  # 1, first of the batch 1-3
+            Fault("stream", times=2),  # 2, 3
+            Fault("stream", delay=1.0),  # 1 again: 4-7 wait behind it
+            Fault("stream", times=4),  # 4-7, one at a time
+            Fault("stream", delay=1.0),  # 8: 9-11 wait behind it
+        ):
+            platform.inject(fault)
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert job.stream == [0, 2, 3, 1, *range(4, 12)]
+    # The batch after the troubled one went one chunk at a time; once it was all
+    # delivered, the next batch was pipelined again.
+    assert writes.per_write == [1, 3, 1, 1, 1, 1, 1, 1, 3]
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize("aggregate", [False, True])
+async def test_a_chunk_refused_for_good_in_a_batch_is_named(
+    backend: str, aggregate: bool, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    async with running(
+        platform, burst(backend, 4), backend=backend, return_aggregate_stream=aggregate
+    ):
+        platform.inject(slow_first_chunk())
+        platform.inject(Fault("stream"))  # chunk 1 answered normally, after no delay
+        platform.inject(Fault("stream", status=400))  # chunk 2, in the middle of the batch
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert job.stream == [0, 1, 3]
+    assert job.done_reports == [
+        {
+            "output": [0, 1, 2, 3] if aggregate else [],
+            "undelivered_chunk_count": 1,
+            "undelivered_chunks": [2],
+        }
+    ]
+
+
+@BOTH_BACKENDS
+async def test_chunks_behind_a_dropped_connection_are_sent_again_in_order(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    async with running(platform, burst(backend), backend=backend):
+        platform.inject(slow_first_chunk())
+        platform.inject(Fault("stream"))
+        platform.inject(Fault("stream", drop=True))  # chunk 2: closed before it is recorded
+        # Chunks 3-11 were on the wire behind it, unanswered: sent again one at a time.
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert job.stream == list(range(CHUNKS))
+    assert job.done_reports == [{"output": []}]
+
+
+@BOTH_BACKENDS
+async def test_a_server_that_ignores_pipelined_requests_turns_pipelining_off(
+    backend: str, virtual_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    platform = FakePlatform()
+    writes = Writes(forward_only_first=True)
+    timings = Timings(report_attempt_timeout=5.0)
+    caplog.set_level(logging.WARNING, "trio_worker")
+    async with running(
+        platform, burst(backend), backend=backend, timings=timings, network=writes.network
+    ):
+        platform.inject(slow_first_chunk())
+        first = await finished(platform, platform.enqueue({}), "COMPLETED")
+        second = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert first.stream == list(range(CHUNKS))
+    assert second.stream == list(range(CHUNKS))
+    [warning] = [r.getMessage() for r in caplog.records if "pipelined" in r.getMessage()]
+    assert "answered 1 of 11 pipelined stream chunks" in warning
+    # The one batch that was cut, then every request on its own, the second job's too.
+    assert writes.per_write == [1, CHUNKS - 1, *[1] * (CHUNKS - 2), *[1] * CHUNKS]
+    assert len([r for r in platform.requests if r.route == "stream"]) == 2 * CHUNKS
