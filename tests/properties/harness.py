@@ -77,6 +77,7 @@ from trio_worker._lifecycle import (
     PhaseEvent,
     WorkerPhase,
 )
+from trio_worker._platform._http import PipeliningBackend
 from trio_worker.testing import FakePlatform
 from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
 from trio_worker.testing._memory import memory_network
@@ -480,6 +481,50 @@ class RecordingBackend:
                         StopDelivery(ex.end_seq, ex.end_time, stop_id, rec.state_of(stop_id))
                     )
         return response
+
+    async def pipeline(
+        self,
+        method: str,
+        url: str,
+        bodies: list[bytes],
+        answers: list[HttpResponse],
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+    ) -> None:
+        """Stream chunks written at once: one exchange per chunk, one network step for
+        the batch (one write, its answers read back together)."""
+        inner = self._inner
+        assert isinstance(inner, PipeliningBackend)
+        rec = self._rec
+        route, job_id = route_of(url)
+        seq, now = rec.tick()
+        first = len(rec.exchanges)
+        step = rec.next_step(route, first)
+        batch = [
+            Exchange(
+                first + n, route, job_id, 0, body, seq, now, rec.held, rec.concurrency, None, step
+            )
+            for n, body in enumerate(bodies)
+        ]
+        rec.exchanges += batch
+        token = _CHAOS.set(Chaos(step))
+        failure: BaseException | None = None
+        try:
+            await inner.pipeline(method, url, bodies, answers, max_body=max_body)
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            _CHAOS.reset(token)
+            end_seq, end_time = rec.tick()
+            for ex in batch:
+                ex.end_seq, ex.end_time = end_seq, end_time
+            for ex, answer in zip(batch, answers, strict=False):
+                ex.outcome, ex.status, ex.answer = "ok", answer.status, answer.body
+            if failure is not None:  # then some went unanswered
+                for ex in batch[len(answers) :]:
+                    ex.outcome = "cancelled" if only_cancelled(failure) else "error"
+                    ex.error = type(failure).__name__
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -889,8 +934,10 @@ def script(job_id: str, plan: JobPlan) -> list[tuple[str, Any]]:
     step = plan.duration / (plan.chunks + 1)
     steps: list[tuple[str, Any]] = []
     for i in range(plan.chunks):
-        steps += [("sleep", step), ("yield", {"chunk": i, "k": job_id})]
-    steps += [("sleep", step), ("end", None)]
+        if not plan.burst or i == 0:
+            steps.append(("sleep", plan.duration / 2 if plan.burst else step))
+        steps.append(("yield", {"chunk": i, "k": job_id}))
+    steps += [("sleep", plan.duration / 2 if plan.burst else step), ("end", None)]
     if plan.outcome == "stream_raise":
         steps.append(("raise", None))
     elif plan.outcome == "stream_nonjson":
@@ -1783,6 +1830,39 @@ def check_results(run: Run) -> list[str]:
     return out
 
 
+def check_stream_chunks(run: Run) -> list[str]:
+    """A stream that ended well lost no chunk silently: each chunk its generator yielded
+    reached the platform or is named in the final report's ``undelivered_chunks``, and the
+    platform got no chunk the generator did not yield (docs/protocol.md §2.4)."""
+    out = []
+    for job in views(run).values():
+        plan = job.plan
+        if job.final is not S.DONE or not job.reports or plan is None or plan.outcome != "stream":
+            continue
+        body = _json(job.reports[-1].body)
+        if not isinstance(body, dict) or "error" in body:
+            continue  # stopped, shut down, failed: check_results judges those
+        chunks = run.platform.job(job.id).stream
+        arrived = {c.get("chunk") for c in chunks if isinstance(c, dict) and c.get("k") == job.id}
+        named = set(body.get("undelivered_chunks", []))
+        yielded = set(range(plan.chunks))
+        if len(arrived) != len(chunks) - _duplicates(chunks) or not arrived <= yielded:
+            out.append(f"{job.id}: the platform got chunks not yielded: {chunks}")
+        if yielded - arrived - named:
+            out.append(
+                f"{job.id}: chunks {sorted(yielded - arrived - named)} neither arrived nor "
+                f"named (arrived {chunks}, report {body})"
+            )
+    return out
+
+
+def _duplicates(chunks: list[Any]) -> int:
+    """Chunks that arrived twice: a chunk whose answer was lost is sent again, so the
+    platform may hold it twice (at least once, as without pipelining)."""
+    keys = [json.dumps(c, sort_keys=True) for c in chunks]
+    return len(keys) - len(set(keys))
+
+
 def check_shutdown(run: Run) -> list[str]:
     """§9: after SIGTERM serve() returns within shutdown_grace + report_deadline; only jobs
     never started are released, and only after a shutdown request with the gate closed (or
@@ -1939,6 +2019,7 @@ CHECKS: dict[str, Callable[[Run], list[str]]] = {
     "pings": check_held_and_pings,
     "stops": check_stops,
     "results": check_results,
+    "chunks": check_stream_chunks,
     "shutdown": check_shutdown,
     "connections": check_connections,
     "phases": check_phases,
@@ -1987,6 +2068,10 @@ def describe(run: Run) -> list[str]:
         labels.append("asyncio code awaited its cleanup once cancelled")
     if any(plan.ignores_cancel for _, plan in cut):
         labels.append("an asyncio handler swallowed its cancellation")
+    # The chunks of one pipelined write are recorded together, at one seq.
+    batches = [ex.seq for ex in rec.exchanges if ex.route == "stream"]
+    if len(batches) != len(set(batches)):
+        labels.append("stream chunks went out pipelined")
     return labels
 
 

@@ -153,6 +153,9 @@ class JobPlan:
     # (closing a connection) before re-raising, as asyncio code may (trio's cancellation
     # would cut such a wait at once).
     cleanup: float = 0.0
+    # A streaming handler yields its chunks back to back (no wait between them), so those
+    # yielded while a chunk's POST is in flight go out pipelined (docs/protocol.md §2.4).
+    burst: bool = False
 
     @property
     def streams(self) -> bool:
@@ -161,7 +164,9 @@ class JobPlan:
     def __repr__(self) -> str:
         if self.outcome == "malformed":
             return "JobPlan(malformed)"
-        extra = f", chunks={self.chunks}" if self.streams else ""
+        extra = (
+            f", chunks={self.chunks}{' in a burst' if self.burst else ''}" if self.streams else ""
+        )
         if self.outcome in ("raise", "stream_raise"):
             extra += f", {self.error}({self.message!r})"
         if self.ignores_cancel:
@@ -408,7 +413,8 @@ def job_plans(
     else:
         ignores = on_asyncio and plain and draw(st.booleans())
     cleanup = draw(st.sampled_from(CLEANUPS)) if on_asyncio and not ignores else 0.0
-    return JobPlan(outcome, duration, chunks, error, message, ignores, cleanup)
+    burst = chunks > 1 and draw(st.booleans())
+    return JobPlan(outcome, duration, chunks, error, message, ignores, cleanup, burst)
 
 
 ROUTES = ("take", "take_batch", "stop", "done", "stream", "ping")
