@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from trio_worker._platform import _lean
 from trio_worker._platform._answer import (
     MAX_HEADER_BYTES,
     MAX_HEADER_COUNT,
@@ -219,10 +218,6 @@ def padded_head(size: int, *fields: str) -> bytes:
     start = b"HTTP/1.1 200 OK\r\n" + "".join(f"{f}\r\n" for f in fields).encode()
     pad = size - len(start) - len(b"X-Pad: \r\n\r\n")
     return start + b"X-Pad: " + b"p" * pad + b"\r\n\r\n"
-
-
-def test_the_lean_client_has_the_same_bounds() -> None:
-    assert (MAX_HEADER_BYTES, MAX_HEADER_COUNT) == (_lean.MAX_HEADER_BYTES, _lean.MAX_HEADER_COUNT)
 
 
 def test_a_head_of_max_header_bytes_is_read_and_one_byte_more_is_not() -> None:

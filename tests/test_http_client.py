@@ -1694,3 +1694,61 @@ async def test_a_cancelled_pipeline_keeps_its_answers_and_closes_its_connection(
         assert (await client.request("GET", server.url("/after"))).body == b"after"
     assert server.accepted == 2  # the cut connection was closed, not pooled
     assert_no_resource_warning()
+
+
+async def test_an_answer_h11_must_read_mid_pipeline_hands_it_the_rest(
+    server: Server, client: LeanHttp
+) -> None:
+    # The second answer is chunked (not the plain shape): h11 reads it and the third.
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nbb\r\n0\r\n\r\n"
+    server.reply(response(b"a") + chunked + response(b"c", "429 Too Many", ("Retry-After: 3",)))
+    server.reply()
+    server.reply()
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        after = await client.request("GET", server.url("/after"))
+    assert [(a.status, a.body) for a in answers] == [(200, b"a"), (200, b"bb"), (429, b"c")]
+    assert answers[2].headers["retry-after"] == "3"
+    assert after.body == b"after"
+    assert server.accepted == 1  # h11 found both sides done: reused
+
+
+async def test_answers_dripping_in_byte_by_byte_are_read_whole(
+    server: Server, client: LeanHttp
+) -> None:
+    wire = response(b"a") + response(b"bb", "503 Busy") + response(b"ccc")
+    server.reply(*split(wire, 1), pause=0.0005)
+    server.reply()
+    server.reply()
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+    assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"bb"), (200, b"ccc")]
+
+
+async def test_bytes_past_the_last_pipelined_answer_end_the_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a") + response(b"b") + response(b"c") + b"HTTP/1.1 200 OK\r\n")
+    server.reply()
+    server.reply()
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        fresh = await client.request("GET", server.url("/next"))
+    assert [a.body for a in answers] == [b"a", b"b", b"c"]
+    assert fresh.body == b"fresh"
+    assert server.accepted == 2  # out of step: not pooled
+
+
+@pytest.mark.parametrize("cut", [0, 5, 40])
+async def test_a_close_inside_a_pipelined_answer_says_so(
+    server: Server, client: LeanHttp, cut: int
+) -> None:
+    server.reply(response(b"a") + response(b"bbbbbbbbbb")[:cut], then="close")
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError) as caught:
+        await client.pipeline("POST", server.url("/s"), BODIES, answers)
+    assert [a.body for a in answers] == [b"a"]
+    want = "after 1 of 3 pipelined" if cut == 0 else "before answering in full"
+    assert want in str(caught.value)

@@ -32,9 +32,8 @@ import httpx
 
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
 from .._exceptions import TransportError
+from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT
 from ._lean import (
-    MAX_HEADER_BYTES,
-    MAX_HEADER_COUNT,
     RECEIVE_SIZE,
     HttpResponse,
     LeanHttp,

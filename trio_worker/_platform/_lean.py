@@ -26,6 +26,7 @@ import trio
 
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
 from .._exceptions import ConfigurationError, TransportError
+from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT, NOT_SIMPLE, parse_simple_answer
 from ._tls import open_tls_stream, trust_context
 
 if TYPE_CHECKING:
@@ -33,8 +34,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 RECEIVE_SIZE = 65536
-MAX_HEADER_BYTES = 64 * 1024  # one response head (or one chunk header line)
-MAX_HEADER_COUNT = 128  # header fields in one response head
+# Fast reads of one answer before its bytes go to h11: each re-reads the head from its
+# start, so an answer dripping in small pieces must not be parsed over and over.
+FAST_READS = 4
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ class LeanHttp:
         while True:
             connection = await self._connection(origin)
             try:
-                await self._pipelined_exchange(
+                reusable = await self._pipelined_exchange(
                     connection, origin, method, message, len(bodies), answers, max_body
                 )
             except _StaleConnection:
@@ -323,7 +325,7 @@ class LeanHttp:
             except BaseException:
                 await trio.aclose_forcefully(connection.stream)
                 raise
-            if self._reusable(connection.protocol):
+            if reusable:
                 connection.reused = True
                 self._idle.setdefault(origin, []).append(connection)
             else:
@@ -339,38 +341,110 @@ class LeanHttp:
         count: int,
         answers: list[HttpResponse],
         max_body: int,
-    ) -> None:
-        protocol = connection.protocol
+    ) -> bool:
+        """Send *message* (*count* requests), read their answers into *answers*; whether
+        the connection may carry the next request.
+
+        Answers of the plain common shape are read by :func:`parse_simple_answer` (a few
+        microseconds each, against h11's 25); from the first one that is not, or that drips
+        in, h11 reads the rest from the same bytes, so h11's verdict stands on everything
+        the fast path does not accept.
+        """
         # Only the first answer can find the connection stale: once a byte has come, a
         # close is a lost connection, never a reason to send the whole batch again.
         connection.answered = False
         try:
             await connection.stream.send_all(message)
-            for index in range(count):
-                if index:
-                    if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
-                        # Connection: close (or HTTP/1.0) on the last answer: the server
-                        # takes no further request on this connection.
-                        raise TransportError(
-                            f"{origin.where} closed the connection after {index} of "
-                            f"{count} pipelined requests"
-                        )
-                    # Unlike _reusable, bytes past the answer are expected here: they are
-                    # the next answers.
-                    protocol.start_next_cycle()
-                connection.head = connection.closed = False
-                # The bounds on an answer's head count this answer's bytes only.
-                connection.received = len(protocol.trailing_data[0])
-                protocol.send(_h11_request(method))
-                protocol.send(_END)
-                head = await self._read_head(connection, origin)
-                answers.append(await self._read_body(connection, method, head, max_body, origin))
+            index, rest = await self._read_simple_answers(
+                connection, origin, method, count, answers, max_body
+            )
+            if index == count:
+                # Nothing past the last answer, and h11's state untouched (idle).
+                return not rest
+            connection.protocol.receive_data(rest)
+            await self._read_answers_with_h11(
+                connection, origin, method, index, count, answers, max_body
+            )
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             if connection.stale:
                 raise _StaleConnection from exc
             raise TransportError(f"connection lost with {origin.where}: {exc!r}") from exc
         except h11.ProtocolError as exc:
             raise _protocol_failure(origin, exc, connection) from exc
+        return self._reusable(connection.protocol)
+
+    async def _read_simple_answers(
+        self,
+        connection: _Connection,
+        origin: _Origin,
+        method: str,
+        count: int,
+        answers: list[HttpResponse],
+        max_body: int,
+    ) -> tuple[int, bytes]:
+        """Read answers by the fast path while they are simple; how many were read, and
+        the bytes received past them (for h11 when not all were)."""
+        if method in ("HEAD", "CONNECT"):
+            return 0, b""  # h11 frames their bodies by the method
+        buffer = bytearray()
+        position = index = reads = 0
+        while index < count:
+            answer = parse_simple_answer(buffer, position, max_body)
+            if answer is NOT_SIMPLE or (answer is None and reads == FAST_READS):
+                break
+            if answer is not None:
+                answers.append(HttpResponse(answer.status, answer.headers, answer.body))
+                position, index, reads = answer.end, index + 1, 0
+                continue
+            data = await connection.stream.receive_some(RECEIVE_SIZE)
+            if not data:
+                if connection.stale:
+                    raise _StaleConnection
+                if position < len(buffer):
+                    raise TransportError(
+                        f"{origin.where} closed the connection before answering in full"
+                    )
+                raise TransportError(
+                    f"{origin.where} closed the connection after {index} of {count} "
+                    "pipelined requests"
+                )
+            connection.answered = True
+            buffer += data
+            reads += 1
+        return index, bytes(buffer[position:])
+
+    async def _read_answers_with_h11(
+        self,
+        connection: _Connection,
+        origin: _Origin,
+        method: str,
+        first: int,
+        count: int,
+        answers: list[HttpResponse],
+        max_body: int,
+    ) -> None:
+        """Read answers *first* to *count* with h11, which holds the bytes received so far
+        (and has seen no request yet on this connection's current cycle)."""
+        protocol = connection.protocol
+        for index in range(first, count):
+            if index > first:
+                if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
+                    # Connection: close (or HTTP/1.0) on the last answer: the server
+                    # takes no further request on this connection.
+                    raise TransportError(
+                        f"{origin.where} closed the connection after {index} of "
+                        f"{count} pipelined requests"
+                    )
+                # Unlike _reusable, bytes past the answer are expected here: they are
+                # the next answers.
+                protocol.start_next_cycle()
+            connection.head = connection.closed = False
+            # The bounds on an answer's head count this answer's bytes only.
+            connection.received = len(protocol.trailing_data[0])
+            protocol.send(_h11_request(method))
+            protocol.send(_END)
+            head = await self._read_head(connection, origin)
+            answers.append(await self._read_body(connection, method, head, max_body, origin))
 
     @staticmethod
     def _reusable(protocol: h11.Connection) -> bool:
