@@ -20,7 +20,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -30,6 +30,7 @@ import trustme
 from trio_worker import ConfigurationError, TransportError
 from trio_worker._config import MAX_ANSWER_BYTES
 from trio_worker._platform import _lean as lean_module
+from trio_worker._platform._answer import parse_simple_answer
 from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
     MAX_HEADER_COUNT,
@@ -1714,9 +1715,19 @@ async def test_an_answer_h11_must_read_mid_pipeline_hands_it_the_rest(
     assert server.accepted == 1  # h11 found both sides done: reused
 
 
-async def test_answers_dripping_in_byte_by_byte_are_read_whole(
-    server: Server, client: LeanHttp
+async def test_answers_dripping_in_byte_by_byte_are_read_whole_by_h11(
+    server: Server, client: LeanHttp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The fast path re-reads an unfinished head at every call: after a few reads the
+    # bytes go to h11, or a head dripping in would be parsed once per byte.
+    calls = 0
+
+    def counted(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return parse_simple_answer(*args)
+
+    monkeypatch.setattr(lean_module, "parse_simple_answer", counted)
     wire = response(b"a") + response(b"bb", "503 Busy") + response(b"ccc")
     server.reply(*split(wire, 1), pause=0.0005)
     server.reply()
@@ -1724,6 +1735,7 @@ async def test_answers_dripping_in_byte_by_byte_are_read_whole(
     with trio.fail_after(TIMEOUT):
         answers = await pipeline(client, server)
     assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"bb"), (200, b"ccc")]
+    assert calls == lean_module.FAST_READS + 1
 
 
 async def test_bytes_past_the_last_pipelined_answer_end_the_connection(
