@@ -188,7 +188,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_platform/_client.py",
-                "if outcome.delivered or (status is not None and not _retryable(status)):",
+                "if outcome.delivered or (status is not None and not is_retryable(status)):",
                 "if True:",
             ),
         ),
@@ -238,9 +238,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_platform/_lean.py",
+                "                # request goes again on a fresh connection.\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                continue\n"
                 "            except BaseException:\n"
                 "                await trio.aclose_forcefully(connection.stream)\n"
                 "                raise",
+                "                # request goes again on a fresh connection.\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                continue\n"
+                "            except BaseException:\n                raise",
+            ),
+        ),
+        required=False,
+    ),
+    Mutation(
+        "failed-pipeline-leaks-connection",
+        "_platform/_lean.py LeanHttp.pipeline: a failed or cancelled pipeline leaves its "
+        "connection open",
+        (
+            Patch(
+                "trio_worker/_platform/_lean.py",
+                "                # Closed while idle, nothing answered: nothing was processed.\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                continue\n"
+                "            except BaseException:\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                raise",
+                "                # Closed while idle, nothing answered: nothing was processed.\n"
+                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                continue\n"
                 "            except BaseException:\n                raise",
             ),
         ),
