@@ -25,7 +25,7 @@ import pytest
 import trio
 import trio.testing
 
-from benchmarks._lean_front import MAX_HEAD, _Socket, serve_lean
+from benchmarks._lean_front import KEEP_ALIVE_TIMEOUT, MAX_HEAD, _Socket, serve_lean
 from benchmarks.platform_server import BenchPlatform
 from trio_worker.testing import Fault
 from trio_worker.testing._http_server import serve_asgi
@@ -404,6 +404,20 @@ async def test_one_request_at_a_time_on_a_kept_alive_connection() -> None:
     assert rest == b""  # closed after the answer to "Connection: close"
     report = json.loads(answers[-1][2])
     assert [(job["stream"], job["status"]) for job in report["jobs"]] == [(3, "COMPLETED")]
+
+
+async def test_an_idle_connection_is_closed(virtual_clock: trio.testing.MockClock) -> None:
+    """Under MockClock: once every task waits, the clock jumps to the idle deadline."""
+    async with serving(serve_lean) as (app, connect):
+        app.platform.enqueue({}, job_id="job-a")
+        stream, reader = await connect()
+        await stream.send_all(stream_post("job-a", 1))
+        answer = await reader.answer()
+        answered = trio.current_time()
+        rest = await stream.receive_some(1 << 20)
+    assert answer[0] == 200
+    assert rest == b""
+    assert KEEP_ALIVE_TIMEOUT / 2 <= trio.current_time() - answered <= KEEP_ALIVE_TIMEOUT
 
 
 async def test_stream_answers_and_records_match_the_asgi_path() -> None:
