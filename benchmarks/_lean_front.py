@@ -151,10 +151,14 @@ def _parse_head(buf: bytearray, pos: int) -> _Head | None:
     if "transfer-encoding" in fields:
         raise _BadRequest  # chunked bodies are not decoded: refused, never misread
     length = 0
-    if "content-length" in fields:
-        lengths = {value for name, value in headers if name == "content-length"}
-        value = fields["content-length"]
-        if len(lengths) > 1 or not value.isdigit() or not value.isascii():
+    value = fields.get("content-length")
+    if value is not None:
+        if not (value.isdigit() and value.isascii()):
+            raise _BadRequest
+        # A repeated name shrinks the dict; only then can two lengths disagree.
+        if len(fields) < len(headers) and any(
+            name == "content-length" and other != value for name, other in headers
+        ):
             raise _BadRequest
         length = int(value)
         if length > MAX_BODY:
