@@ -25,7 +25,7 @@ import pytest
 import trio
 import trio.testing
 
-from benchmarks._lean_front import KEEP_ALIVE_TIMEOUT, MAX_HEAD, _Socket, serve_lean
+from benchmarks._lean_front import KEEP_ALIVE_TIMEOUT, MAX_HEAD, LeanRequest, _Socket, serve_lean
 from benchmarks.platform_server import BenchPlatform
 from trio_worker.testing import Fault
 from trio_worker.testing._http_server import serve_asgi
@@ -376,6 +376,73 @@ async def test_other_routes_pass_through_to_the_asgi_app() -> None:
     assert app.platform.job("job-a").status == "COMPLETED"
     assert [job["stream"] for job in report["jobs"]] == [2]
     assert set(report["first_request"]) == {"take", "done"}
+
+
+async def test_a_request_pipelined_behind_a_long_poll_waits_for_its_answer() -> None:
+    async with serving(serve_lean) as (app, connect):
+        app.reset(0, take_hold=5.0, stop_hold=0.0)
+        platform = app.platform
+        with trio.fail_after(4):  # before the take's hold ends: answered by the enqueue
+            stream, reader = await connect()
+            await stream.send_all(get("/v2/ep/job-take/w1"))
+            await platform.wait_for_requests("take", 1)
+            await stream.send_all(stream_post("job-1", "chunk"))
+            await trio.testing.wait_all_tasks_blocked(0.01)
+            assert platform.statistics().requests_by_route == {"take": 1}  # it waits
+            platform.enqueue({"n": 1}, job_id="job-1")
+            take = await reader.answer("GET")
+            chunk = await reader.answer()
+    assert json.loads(take[2]) == {"id": "job-1", "input": {"n": 1}}
+    assert chunk[0] == 200
+    assert platform.job("job-1").stream == ["chunk"]
+
+
+async def test_a_client_leaving_during_a_long_poll_ends_it() -> None:
+    async with serving(serve_lean) as (app, connect):
+        app.reset(0, take_hold=5.0, stop_hold=0.0)
+        platform = app.platform
+        with trio.fail_after(4):
+            stream, _ = await connect()
+            await stream.send_all(get("/v2/ep/job-take/w1"))
+            await platform.wait_for_requests("take", 1)
+            assert platform.statistics().takes_waiting == 1
+            await stream.aclose()
+            await trio.testing.wait_all_tasks_blocked(0.01)
+        assert platform.statistics().takes_waiting == 0
+        platform.enqueue({}, job_id="job-1")
+    assert platform.job("job-1").status == "IN_QUEUE"  # never handed to the client that left
+
+
+async def test_an_injected_drop_on_a_passed_through_route_closes_unanswered() -> None:
+    async with serving(serve_lean) as (app, connect):
+        app.platform.inject(Fault("take", drop=True))
+        with trio.fail_after(5):
+            stream, _ = await connect()
+            await stream.send_all(get("/v2/ep/job-take/w1") + stream_post("job-a", 1))
+            rest = await stream.receive_some(1 << 20)
+    assert rest == b""
+    assert app.platform.statistics().requests_by_route == {"take": 1}  # nothing after it
+
+
+async def test_an_app_that_fails_gets_a_500_and_a_closed_connection() -> None:
+    async def failing_app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise RuntimeError("the app failed")
+
+    async def declining(request: LeanRequest) -> None:
+        return None
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_lean, failing_app, declining)
+        with trio.fail_after(5):
+            async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+                reader = Reader(stream)
+                await stream.send_all(get("/x") + get("/y"))
+                status, fields, _ = await reader.answer("GET")
+                rest = await stream.receive_some(1 << 20)
+        nursery.cancel_scope.cancel()
+    assert status == 500
+    assert fields["connection"] == "close"
+    assert rest == b""
 
 
 async def test_one_request_at_a_time_on_a_kept_alive_connection() -> None:
