@@ -177,18 +177,14 @@ def _parse_head(buf: bytearray, pos: int) -> _Head | None:
     return _Head(request, end + 4, end + 4 + length, expect_continue)
 
 
-def _reason(status: int) -> bytes:
-    try:
-        return HTTPStatus(status).phrase.encode()
-    except ValueError:
-        return b""
+_REASONS: Final = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
 def format_response(
     status: int, headers: list[tuple[bytes, bytes]], body: bytes, *, close: bool
 ) -> bytes:
     """The bytes of one response; ``content-length`` added unless the headers give one."""
-    out = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status))]
+    out = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
     has_length = False
     for name, value in headers:
         if name.lower() == b"content-length":
