@@ -25,25 +25,38 @@ Benchmark routes (all answer JSON):
 
 The job-done time is recorded by the platform when the report arrives, the take time when
 the take answer is written to the socket; their difference is what the worker adds.
+
+Served by ``benchmarks/_lean_front.py``, not by ``trio_worker.testing``'s h11 server: the
+stream figures send one POST per chunk, and parsing each with h11 and passing it through
+ASGI cost the platform more CPU per chunk than the workers it measures. Job-stream POSTs
+go straight to :func:`answer_directly` (the platform's own request handling minus ASGI);
+every other request reaches :class:`BenchPlatform` as ASGI, unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote
 
 import trio
 
+from benchmarks._lean_front import serve_lean
 from trio_worker.testing import FakePlatform
-from trio_worker.testing._http_server import serve_asgi
+from trio_worker.testing._app import _match
+from trio_worker.testing._records import RecordedRequest
+from trio_worker.testing._routes import ConnectionDropped, Request, parse_query
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+
+    from benchmarks._lean_front import Answer, LeanRequest
+    from trio_worker.testing._routes import Response
 
     Message = MutableMapping[str, Any]
     Scope = MutableMapping[str, Any]
@@ -109,14 +122,44 @@ class BenchPlatform:
         if path.startswith("/_bench/"):
             await self._bench(path, scope, send)
             return
-        kind = _kind(path)
-        if kind is not None and kind not in self.first_request:
-            self.first_request[kind] = trio.current_time()
-        if kind == "take":
+        if self._note_kind(path) == "take":
             send = self._timed_send(send)
         if "/job-stream/" in path:
             receive = self._timed_receive(receive)
         await self.platform(scope, receive, send)
+
+    async def fast(self, request: LeanRequest) -> Answer | None:
+        """A job-stream POST, answered without ASGI; None (go to :meth:`__call__`) otherwise.
+
+        The hot route of the stream figures: it gets what :meth:`__call__` gives it (the
+        first-request time and the chunk latency) and FakePlatform's own answer.
+        """
+        raw_path = request.path
+        if "/job-stream/" not in raw_path:
+            return None
+        route, args = _match(raw_path)
+        if route != "stream":
+            return None
+        path = unquote(raw_path) if "%" in raw_path else raw_path
+        self._note_kind(path)
+        self._note_chunk(request.body)
+        response = await answer_directly(self.platform, request, route, args, path)
+        if response.status == 204:
+            return 204, [], b""
+        headers = [(b"content-type", response.content_type), *response.headers]
+        return response.status, headers, response.body
+
+    def _note_kind(self, path: str) -> str | None:
+        kind = _kind(path)
+        if kind is not None and kind not in self.first_request:
+            self.first_request[kind] = trio.current_time()
+        return kind
+
+    def _note_chunk(self, body: bytes) -> None:
+        now = time.time()
+        output = _stream_output(body)
+        if isinstance(output, dict) and isinstance(output.get("t"), float):
+            self.chunk_latency_ms.append((now - output["t"]) * 1000)
 
     def _timed_receive(self, receive: Receive) -> Receive:
         body = bytearray()
@@ -126,10 +169,7 @@ class BenchPlatform:
             if message["type"] == "http.request":
                 body.extend(message.get("body", b""))
                 if not message.get("more_body"):
-                    now = time.time()
-                    output = _stream_output(bytes(body))
-                    if isinstance(output, dict) and isinstance(output.get("t"), float):
-                        self.chunk_latency_ms.append((now - output["t"]) * 1000)
+                    self._note_chunk(bytes(body))
             return message
 
         return timed
@@ -206,6 +246,57 @@ class BenchPlatform:
         }
 
 
+async def answer_directly(
+    platform: FakePlatform, request: LeanRequest, route: str, args: list[str], path: str
+) -> Response:
+    """``FakePlatform.__call__`` for a worker-route request already read whole, minus ASGI.
+
+    The same steps in the same order, through the platform's own methods: the request is
+    recorded and counted, deadlines checked, an armed fault applied, the method and key
+    checked, and the route answers. Only for routes that never call ``receive`` (take and
+    stop do, to notice a client that leaves during their long-poll).
+
+    Raises:
+        ConnectionDropped: an injected ``Fault(drop=True)``.
+    """
+    query = _parse_query(request.query)
+    if args and "&" in args[-1]:
+        # As FakePlatform: parameters appended to a template without "?" (docs/protocol.md §1.5).
+        args[-1], _, extra = args[-1].partition("&")
+        query.update(parse_qsl(extra, keep_blank_values=True))
+    args = [unquote(arg) for arg in args]
+    now = trio.current_time()
+    record = RecordedRequest(now, request.method, route, path, query, request.fields, request.body)
+    platform._record_request(record)
+    platform._check_deadlines(now)
+    try:
+        response = await platform._answer(
+            Request(record, args, _no_receive), platform._take_fault(route)
+        )
+    except ConnectionDropped:
+        record.dropped = True
+        raise
+    # Set as FakePlatform sets them after its send; the answer goes out in the same pass.
+    # No undo is lost: only take and stop answers carry one.
+    record.status = response.status
+    record.answer_time = trio.current_time()
+    return response
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_query(query: str) -> tuple[tuple[str, str], ...]:
+    # A worker sends every chunk with the same query: parse it once.
+    return tuple(parse_query(query.encode("latin-1")).items())
+
+
+def _parse_query(query: str) -> dict[str, str]:
+    return dict(_parsed_query(query)) if query else {}
+
+
+async def _no_receive() -> Message:
+    raise RuntimeError("a route answered directly must not read the connection")
+
+
 async def _send_json(send: Send, status: int, value: object) -> None:
     body = json.dumps(value, separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -227,7 +318,7 @@ async def _serve(args: argparse.Namespace) -> None:
     app = BenchPlatform(args.take_hold, args.stop_hold, args.preload)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            port = await nursery.start(serve_asgi, app, args.host, args.port)
+            port = await nursery.start(serve_lean, app, app.fast, args.host, args.port)
             print(f"http://{args.host}:{port}", flush=True)
             async for _ in signals:
                 break
