@@ -117,10 +117,10 @@ def run_sdk(bench: _figures.Bench, sdk: _sdks.Sdk) -> dict[str, Any]:
     if sdk.key == "trio_worker":
         _attempt("init failure", results, "init_failure", lambda: _figures.init_failure(bench, sdk))
         _attempt(
-            "throughput c=8, asyncio backend",
+            "throughput c=8, trio and asyncio backends alternating",
             results,
-            "asyncio_c8",
-            partial(_figures.throughput, bench, sdk, 8, "asyncio"),
+            "backends_c8",
+            partial(_figures.backend_pair, bench, sdk, 8),
         )
         _attempt(
             "64 streams, trio backend",
