@@ -233,8 +233,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "failed-request-leaks-connection",
-        "_platform/_lean.py LeanHttp.request: a failed or cancelled request leaves its "
-        "connection open",
+        "_platform/_lean.py LeanHttp._on_a_connection: a failed or cancelled request (or "
+        "pipeline) leaves its connection open",
         (
             Patch(
                 "trio_worker/_platform/_lean.py",
@@ -245,27 +245,6 @@ MUTATIONS: tuple[Mutation, ...] = (
                 "                await trio.aclose_forcefully(connection.stream)\n"
                 "                raise",
                 "                # request goes again on a fresh connection.\n"
-                "                await trio.aclose_forcefully(connection.stream)\n"
-                "                continue\n"
-                "            except BaseException:\n                raise",
-            ),
-        ),
-        required=False,
-    ),
-    Mutation(
-        "failed-pipeline-leaks-connection",
-        "_platform/_lean.py LeanHttp.pipeline: a failed or cancelled pipeline leaves its "
-        "connection open",
-        (
-            Patch(
-                "trio_worker/_platform/_lean.py",
-                "                # Closed while idle, nothing answered: nothing was processed.\n"
-                "                await trio.aclose_forcefully(connection.stream)\n"
-                "                continue\n"
-                "            except BaseException:\n"
-                "                await trio.aclose_forcefully(connection.stream)\n"
-                "                raise",
-                "                # Closed while idle, nothing answered: nothing was processed.\n"
                 "                await trio.aclose_forcefully(connection.stream)\n"
                 "                continue\n"
                 "            except BaseException:\n                raise",

@@ -269,29 +269,14 @@ class LeanHttp:
     ) -> HttpResponse:
         origin, head = self._prefix(method, url)
         message = head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-        while True:
-            connection = await self._connection(origin)
-            try:
-                response = await self._exchange(connection, origin, method, message, max_body)
-            # aclose_forcefully closes the stream even when cancelled (it only raises
-            # afterwards), so no connection outlives a cancelled or failed request and
-            # none needs a shield.
-            except _StaleConnection:
-                # The server closed it while it sat idle; nothing was processed, so the
-                # request goes again on a fresh connection.
-                await trio.aclose_forcefully(connection.stream)
-                continue
-            except BaseException:
-                await trio.aclose_forcefully(connection.stream)
-                raise
-            if self._reusable(connection.protocol):
-                connection.reused = True
-                self._idle.setdefault(origin, []).append(connection)
-            else:
-                # A cancellation pending here loses the answer, as it would have one
-                # checkpoint earlier while its last bytes were read.
-                await trio.aclose_forcefully(connection.stream)
-            return response
+        answers: list[HttpResponse] = []
+
+        async def exchange(connection: _Connection) -> bool:
+            answers.append(await self._exchange(connection, origin, method, message, max_body))
+            return self._reusable(connection.protocol)
+
+        await self._on_a_connection(origin, exchange)
+        return answers[0]
 
     async def pipeline(
         self,
@@ -312,14 +297,29 @@ class LeanHttp:
         """
         origin, head = self._prefix(method, url)
         message = b"".join(head + b"Content-Length: %d\r\n\r\n" % len(b) + b for b in bodies)
+
+        async def exchange(connection: _Connection) -> bool:
+            return await self._pipelined_exchange(
+                connection, origin, method, message, len(bodies), answers, max_body
+            )
+
+        await self._on_a_connection(origin, exchange)
+
+    async def _on_a_connection(
+        self, origin: _Origin, exchange: Callable[[_Connection], Awaitable[bool]]
+    ) -> None:
+        """Run *exchange* on an idle or a new connection to *origin*; it says whether the
+        connection may carry the next request (then it goes back to the pool)."""
         while True:
             connection = await self._connection(origin)
             try:
-                reusable = await self._pipelined_exchange(
-                    connection, origin, method, message, len(bodies), answers, max_body
-                )
+                reusable = await exchange(connection)
+            # aclose_forcefully closes the stream even when cancelled (it only raises
+            # afterwards), so no connection outlives a cancelled or failed request and
+            # none needs a shield.
             except _StaleConnection:
-                # Closed while idle, nothing answered: nothing was processed.
+                # The server closed it while it sat idle; nothing was processed, so the
+                # request goes again on a fresh connection.
                 await trio.aclose_forcefully(connection.stream)
                 continue
             except BaseException:
@@ -329,6 +329,8 @@ class LeanHttp:
                 connection.reused = True
                 self._idle.setdefault(origin, []).append(connection)
             else:
+                # A cancellation pending here loses the answer, as it would have one
+                # checkpoint earlier while its last bytes were read.
                 await trio.aclose_forcefully(connection.stream)
             return
 
