@@ -26,8 +26,9 @@ log = logging.getLogger("trio_worker")
 # Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
 # an unbounded backlog in memory.
 STREAM_PIPELINE_DEPTH = 64
-# At most this many chunks, and this many bytes of body (past the first chunk), are written
-# at once: a failed batch is sent again chunk by chunk, so a batch is kept modest.
+# Chunks stop joining a batch at this many, or once this many bytes of body (past the
+# first chunk's) have joined it: a failed batch goes again chunk by chunk, so it is kept
+# modest.
 PIPELINE_BATCH = 32
 PIPELINE_BATCH_BYTES = 256 * 1024
 
