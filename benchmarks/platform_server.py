@@ -47,10 +47,11 @@ from urllib.parse import parse_qsl, unquote
 
 import trio
 
-# Run as a script by the harness, whose environment has no PYTHONPATH: the checkout this
-# file lives in must be importable (its benchmarks package, and its trio_worker rather
-# than whatever the interpreter has installed).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):
+    # Run as a script by the harness, whose environment has no PYTHONPATH: the checkout
+    # this file lives in must be importable (its benchmarks package, and its trio_worker
+    # rather than whatever the interpreter has installed).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._lean_front import serve_lean
 from trio_worker.testing import FakePlatform

@@ -25,6 +25,10 @@ import pytest
 import trio
 import trio.testing
 
+# The benchmarks package is not installed (nor part of the wheel): it is imported from the
+# checkout, found after everything installed, so trio_worker stays the installed one.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
 from benchmarks._lean_front import KEEP_ALIVE_TIMEOUT, MAX_HEAD, LeanRequest, _Socket, serve_lean
 from benchmarks.platform_server import BenchPlatform
 from trio_worker.testing import Fault
