@@ -22,7 +22,7 @@ import trio_worker.testing
 from trio_worker._options import AsyncBackend
 from trio_worker.testing import FakePlatform
 
-from .backends import BOTH_BACKENDS, run_on_asyncio_host, sleep_for
+from .backends import ASYNCIO_ONLY, BOTH_BACKENDS, sleep_for
 
 
 def serve(
@@ -143,27 +143,7 @@ async def test_a_keyboard_interrupt_from_a_task_of_the_handler_leaves_as_itself(
     assert "status 130" in str(error["error_message"])
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param("trio", id="trio"),
-        pytest.param(
-            "asyncio",
-            id="asyncio",
-            marks=[
-                pytest.mark.trio(run=run_on_asyncio_host),
-                pytest.mark.xfail(
-                    strict=True,
-                    raises=SystemExit,
-                    reason="BUG: a SystemExit raised in an asyncio task the handler started "
-                    "leaves the host loop (asyncio re-raises it out of the loop) before the "
-                    "worker sees it: the job is reported as a CancelledError without its "
-                    "exit status, and serve() is torn down without its shutdown",
-                ),
-            ],
-        ),
-    ],
-)
+@BOTH_BACKENDS
 async def test_a_sys_exit_in_a_task_of_the_handler_is_reported_then_leaves_serve(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
@@ -195,6 +175,59 @@ async def test_a_sys_exit_in_a_task_of_the_handler_is_reported_then_leaves_serve
     error = error_of(platform, job_id)
     assert error["error_type"] == "SystemExit"
     assert "sys.exit(3)" in str(error["error_message"])
+
+
+@ASYNCIO_ONLY
+async def test_a_sys_exit_in_a_task_nobody_awaits_shuts_the_worker_down_with_its_status(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    # The handler starts a background task and returns; the task later calls sys.exit(4).
+    # asyncio lets that out of the loop at once; the worker takes it as the handler's own:
+    # the running job gets the grace, then serve() raises it.
+    background: set[asyncio.Task[None]] = set()
+
+    async def starts_a_task(job: dict[str, Any]) -> Any:
+        if "seconds" in job["input"]:
+            await asyncio.sleep(job["input"]["seconds"])
+            return "slept"
+
+        async def later() -> None:
+            await asyncio.sleep(0.5)
+            sys.exit(4)
+
+        background.add(asyncio.create_task(later()))
+        return "started"
+
+    platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
+    slow = platform.enqueue({"seconds": 1.5})
+    starter = platform.enqueue({})
+    started = trio.current_time()
+    with pytest.raises(SystemExit) as info:
+        await serve(platform, starts_a_task, backend=backend, concurrency=2)()
+    assert info.value.code == 4
+    [task] = background
+    assert task.exception() is info.value  # the task's own, retrieved (asyncio would log it)
+    assert platform.job(starter).output == "started"
+    # The exit came at 0.5 s; the slow job finished within the 2 s grace.
+    assert platform.job(slow).output == "slept"
+    assert trio.current_time() - started == pytest.approx(1.5, abs=0.1)
+
+
+def test_with_no_worker_on_the_loop_an_exit_from_a_task_ends_it_at_once() -> None:
+    tasks: list[asyncio.Task[None]] = []
+
+    async def main() -> None:
+        async def exits() -> None:
+            sys.exit(5)
+
+        tasks.append(asyncio.create_task(exits()))
+        await trio.sleep(0.05)
+        raise AssertionError("the loop went on")
+
+    with pytest.raises(SystemExit) as info:
+        trio_worker.run_asyncio_host(main)
+    assert info.value.code == 5
+    assert tasks[0].exception() is info.value
 
 
 @BOTH_BACKENDS

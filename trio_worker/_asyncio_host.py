@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -25,7 +26,7 @@ import trio
 from ._exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+    from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
     from contextlib import AbstractContextManager
 
 log = logging.getLogger("trio_worker")
@@ -62,13 +63,61 @@ def run_asyncio_host(
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        return loop.run_until_complete(_host_main(async_fn, args, clock, tuple(instruments)))
+        main = loop.create_task(_host_main(async_fn, args, clock, tuple(instruments)))
+        return _run_through_escapes(loop, main)
     finally:
         try:
             _end_leftovers(loop)
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+# Per host loop: what a worker served on it does with a SystemExit or KeyboardInterrupt
+# that left the loop (see _run_through_escapes).
+_EXIT_SINKS: dict[asyncio.AbstractEventLoop, list[Callable[[BaseException], bool]]] = {}
+
+
+@contextlib.contextmanager
+def escaped_exits_to(sink: Callable[[BaseException], bool]) -> Iterator[None]:
+    """While the block runs, a SystemExit or KeyboardInterrupt raised in an asyncio task
+    of the user's own (one a handler started, not the handler's coroutine) goes to *sink*,
+    and the host loop goes on, rather than the loop ending under the worker. *sink* says
+    whether it took the exit (a worker already ended cannot)."""
+    loop = host_loop()
+    sinks = _EXIT_SINKS.setdefault(loop, [])
+    sinks.append(sink)
+    try:
+        yield
+    finally:
+        sinks.remove(sink)
+        if not sinks:
+            del _EXIT_SINKS[loop]
+
+
+def _run_through_escapes(loop: asyncio.AbstractEventLoop, main: asyncio.Task[T]) -> T:
+    """Run the loop until *main* is done.
+
+    asyncio lets a SystemExit or KeyboardInterrupt raised in a task out of the loop at
+    once (the task keeps it as its exception, for whoever awaits it). The handlers' own
+    coroutines are wrapped against that (:func:`_contained`), but not a task a handler
+    starts. The first such exit is handed to the worker serving on this loop, which shuts
+    down within its grace and then raises it (the handler that awaits the task also sees
+    it, and its job is reported with the exit status); the loop resumes meanwhile. A second
+    one (a second Ctrl-C), or one with no worker to tell, ends the loop at once as before.
+    """
+    handed = False
+    while True:
+        try:
+            return loop.run_until_complete(main)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            if main.done() or handed:
+                raise
+            # Every sink is told (several workers may share a loop in tests).
+            told = [sink(exc) for sink in _EXIT_SINKS.get(loop, ())]
+            if not any(told):
+                raise
+            handed = True
 
 
 # How long the tasks the user's code left on the loop (an engine's background loop) get to

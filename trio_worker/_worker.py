@@ -8,6 +8,7 @@ group) if trio_worker itself has a bug.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from ._asyncio_host import host_loop, require_host
+from ._asyncio_host import escaped_exits_to, host_loop, require_host
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_posts import PlatformChunks
 from ._config import CaptureMode, Settings, Timings
@@ -32,7 +33,7 @@ from ._runner import JobRunner, JobSpec, ProgressTarget, current_progress
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 
     import httpx
 
@@ -207,7 +208,7 @@ async def _serve(
     task_status.started(WorkerHandle(supervisor))
     failure: BaseException | None = None
     try:
-        async with trio.open_nursery() as outer:
+        async with _exits_from_user_tasks(options, supervisor), trio.open_nursery() as outer:
             if handle_signals:
                 outer.start_soon(_watch_signals, supervisor)
             if seams.heartbeat == "task" and settings.platform.ping_url:
@@ -238,6 +239,29 @@ async def _serve(
         # A handler called sys.exit() (or raised KeyboardInterrupt): its job has been
         # reported failed and the worker has shut down; now the caller gets it.
         raise supervisor.exit_request
+
+
+@contextlib.asynccontextmanager
+async def _exits_from_user_tasks(
+    options: WorkerOptions, supervisor: Supervisor
+) -> AsyncIterator[None]:
+    """On the asyncio backend, a ``sys.exit()`` in an asyncio task a handler started shuts
+    the worker down as the handler's own would (docs/how-it-works.md, the asyncio backend)."""
+    if options.async_backend != "asyncio":
+        yield
+        return
+    token = trio.lowlevel.current_trio_token()
+
+    def request_exit(exc: BaseException) -> bool:
+        assert isinstance(exc, SystemExit | KeyboardInterrupt)
+        try:
+            token.run_sync_soon(supervisor.request_exit, exc)
+        except trio.RunFinishedError:
+            return False  # the host loop then ends with it at once
+        return True
+
+    with escaped_exits_to(request_exit):
+        yield
 
 
 def _build(
