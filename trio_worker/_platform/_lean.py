@@ -15,8 +15,9 @@ at most ``max_body`` bytes of body per request (docs/protocol.md §2.0).
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import quote, urlsplit
@@ -180,6 +181,20 @@ def _head_too_large(origin: _Origin) -> TransportError:
     return TransportError(
         f"answer from {origin.where}: response head too large (over {_size(MAX_HEADER_BYTES)})"
     )
+
+
+@contextlib.contextmanager
+def _failures_mapped(connection: _Connection, origin: _Origin) -> Iterator[None]:
+    """A failed stream, or h11's verdict on an answer, as the package's own error; a stale
+    kept-alive connection as :class:`_StaleConnection` (the request goes again)."""
+    try:
+        yield
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        if connection.stale:
+            raise _StaleConnection from exc
+        raise TransportError(f"connection lost with {origin.where}: {exc!r}") from exc
+    except h11.ProtocolError as exc:
+        raise _protocol_failure(origin, exc, connection) from exc
 
 
 def _protocol_failure(
@@ -355,7 +370,7 @@ class LeanHttp:
         # Only the first answer can find the connection stale: once a byte has come, a
         # close is a lost connection, never a reason to send the whole batch again.
         connection.answered = False
-        try:
+        with _failures_mapped(connection, origin):
             await connection.stream.send_all(message)
             index, rest = await self._read_simple_answers(
                 connection, origin, method, count, answers, max_body
@@ -367,12 +382,6 @@ class LeanHttp:
             await self._read_answers_with_h11(
                 connection, origin, method, index, count, answers, max_body
             )
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            if connection.stale:
-                raise _StaleConnection from exc
-            raise TransportError(f"connection lost with {origin.where}: {exc!r}") from exc
-        except h11.ProtocolError as exc:
-            raise _protocol_failure(origin, exc, connection) from exc
         return self._reusable(connection.protocol)
 
     async def _read_simple_answers(
@@ -493,7 +502,7 @@ class LeanHttp:
         connection.answered = False
         connection.received = 0
         connection.closed = connection.head = False
-        try:
+        with _failures_mapped(connection, origin):
             connection.protocol.send(_h11_request(method))
             connection.protocol.send(_END)
             await connection.stream.send_all(message)
@@ -502,12 +511,6 @@ class LeanHttp:
             await connection.receive()
             response = await self._read_head(connection, origin)
             return await self._read_body(connection, method, response, max_body, origin)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            if connection.stale:
-                raise _StaleConnection from exc
-            raise TransportError(f"connection lost with {origin.where}: {exc!r}") from exc
-        except h11.ProtocolError as exc:
-            raise _protocol_failure(origin, exc, connection) from exc
 
     async def _read_head(self, connection: _Connection, origin: _Origin) -> h11.Response:
         while True:
