@@ -481,3 +481,29 @@ def test_the_end_of_the_grace_cuts_an_asyncio_streams_cleanup() -> None:
         ),
         "asyncio",
     )
+
+
+# -- a checker bug this suite found: the checker's model was wrong, not the worker ----------
+
+
+@ON_EACH_BACKEND
+def test_sigterm_as_the_initializer_returns_may_release_the_job_taken_then(
+    backend: AsyncBackend,
+) -> None:
+    """Was a checker bug (check_shutdown), found by CI on the asyncio backend: the
+    initializer returns at 0.25 as the job arrives and SIGTERM comes; on asyncio the
+    initializer's task ends on the loop before the worker sees it, so the SIGTERM can find
+    the gate still closed and release the job, as it should. The checker dated the gate
+    from the initializer's return; it now dates it from the worker's own INIT_OK."""
+    quick = dataclasses.replace(_TIMINGS, take_poll_bound=1.5, stop_poll_bound=1.5, take_drain=0.25)
+    check_orders(
+        minimal(
+            init=InitPlan("success", 0.25, "RuntimeError", Text("boom", 1), None),
+            batches=(Batch(0.25, (JobPlan("return", 0.0),)),),
+            sigterm=0.25,
+            timings=quick,
+            take_hold=0.5,
+            stop_hold=0.5,
+        ),
+        backend,
+    )
