@@ -30,7 +30,9 @@ class ListChunks:
         self.bodies.append(body)
         return True
 
-    async def send_batch(self, job_id: str, bodies: list[bytes]) -> list[bool | None]:
+    async def send_batch(
+        self, job_id: str, bodies: list[bytes], *, retry_until: float
+    ) -> list[bool | None]:
         self.bodies += bodies
         return [True] * len(bodies)
 

@@ -135,6 +135,22 @@ async def test_a_chunk_refused_for_now_in_a_batch_is_sent_again_after_it(
 
 
 @BOTH_BACKENDS
+async def test_a_chunk_refused_with_retry_after_in_a_batch_waits_as_asked(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    async with running(platform, burst(backend, 4), backend=backend):
+        platform.inject(slow_first_chunk())
+        platform.inject(Fault("stream", status=429, retry_after=3.0))  # chunk 1
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert job.stream == [0, 2, 3, 1]
+    times = [r.time for r in platform.requests if r.route == "stream"]
+    # 0 at 0, the batch 1-3 when 0 was answered (1 s), 1 again 3 s after its 429.
+    assert len(times) == 5
+    assert times[4] - times[1] == pytest.approx(3.0, abs=0.01)
+
+
+@BOTH_BACKENDS
 async def test_after_trouble_the_next_batch_goes_one_chunk_at_a_time(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ._platform._client import PlatformClient, ReportOutcome, is_retryable
+from ._platform._client import PlatformClient, ReportOutcome, is_retryable, report_retry_after
 
 if TYPE_CHECKING:
     from ._config import Settings
@@ -41,9 +41,12 @@ class ChunkSink(Protocol):
         was delivered."""
         ...
 
-    async def send_batch(self, job_id: str, bodies: list[bytes]) -> list[bool | None]:
+    async def send_batch(
+        self, job_id: str, bodies: list[bytes], *, retry_until: float
+    ) -> list[bool | None]:
         """One attempt at every body, in order: per chunk, True when delivered, False when
-        refused for good (and logged), None when it is worth sending again."""
+        refused for good (and logged), None when it is worth sending again (after the
+        wait the platform asked for, if any, up to *retry_until*)."""
         ...
 
 
@@ -66,16 +69,26 @@ class PlatformChunks:
             _log_lost(job_id, outcome.attempts, outcome.last_error or "no attempt made")
         return outcome.delivered
 
-    async def send_batch(self, job_id: str, bodies: list[bytes]) -> list[bool | None]:
+    async def send_batch(
+        self, job_id: str, bodies: list[bytes], *, retry_until: float
+    ) -> list[bool | None]:
         url = self.settings.platform.stream_url(job_id)
-        statuses = await self.client.post_pipelined(url, bodies, job_id=job_id)
+        answers = await self.client.post_pipelined(url, bodies, job_id=job_id)
         verdicts: list[bool | None] = [None] * len(bodies)
-        for index, status in enumerate(statuses):
+        wait = 0.0
+        for index, answer in enumerate(answers):
+            status = answer.status
             if 200 <= status < 300:
                 verdicts[index] = True
             elif not is_retryable(status):
                 _log_lost(job_id, 1, f"HTTP {status}")
                 verdicts[index] = False
+            elif status in (429, 503):
+                wait = max(wait, report_retry_after(answer) or 0.0)
+        if wait and None in verdicts:
+            # A 429 or 503 asked for a pause: the chunks go again after it, as a report
+            # retried on its own would (within the stream's budget).
+            await trio.sleep(max(0.0, min(wait, retry_until - trio.current_time())))
         return verdicts
 
 
@@ -113,7 +126,7 @@ async def post_chunks(
             batch = _take_batch(first, receive)
             pipelined = calm and len(batch) > 1
             if pipelined:
-                verdicts = await sink.send_batch(job_id, batch)
+                verdicts = await sink.send_batch(job_id, batch, retry_until=alive + budget)
                 calm = all(verdict is True for verdict in verdicts)
             else:
                 verdicts = [None] * len(batch)

@@ -53,7 +53,9 @@ class StdoutChunks:
         _print(json.dumps({"stream": json.loads(body)["output"]}))
         return True
 
-    async def send_batch(self, job_id: str, bodies: list[bytes]) -> list[bool | None]:
+    async def send_batch(
+        self, job_id: str, bodies: list[bytes], *, retry_until: float
+    ) -> list[bool | None]:
         return [await self.send_chunk(job_id, body, retry_until=0.0) for body in bodies]
 
 

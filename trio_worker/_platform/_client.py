@@ -203,11 +203,13 @@ class PlatformClient:
                 )
             await trio.sleep(delay)
 
-    async def post_pipelined(self, url: str, bodies: list[bytes], *, job_id: str) -> list[int]:
+    async def post_pipelined(
+        self, url: str, bodies: list[bytes], *, job_id: str
+    ) -> list[HttpResponse]:
         """One attempt at POSTing every body to *url*, pipelined on one connection: the
-        statuses answered, in order, for a prefix of *bodies* (all of them when all went
-        well; none when pipelining is off). Never raises for platform trouble: what was not
-        answered is the caller's to send again.
+        answers, in order, for a prefix of *bodies* (all of them when all went well; none
+        when pipelining is off). Never raises for platform trouble: what was not answered
+        is the caller's to send again.
 
         A platform that answers part of a batch and then nothing within the attempt's
         timeout does not take pipelined requests (a proxy in the way, say): pipelining is
@@ -238,7 +240,7 @@ class PlatformClient:
                 len(bodies),
                 bound,
             )
-        return [answer.status for answer in answers]
+        return answers
 
     async def _attempt(
         self, url: str, body: bytes, bound: float, outcome: ReportOutcome
