@@ -682,6 +682,27 @@ async def test_cancel_all_without_waiters_is_harmless() -> None:
     assert await run_in_thread(str, 7, limiter=limiter, waits=waits) == "7"
 
 
+async def test_end_by_cuts_waits_already_running_and_those_started_later(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    waits = ThreadWaits()
+    ended: dict[str, float] = {}
+
+    async def wait(name: str, bound: float) -> None:
+        with waits.shielded(bound):
+            await trio.sleep_forever()
+        ended[name] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait, "before", 10.0)
+        await trio.sleep(1.0)
+        waits.end_by(trio.current_time() + 2.0)  # a shutdown at 1 s with a 2 s grace
+        nursery.start_soon(wait, "after", 10.0)
+        nursery.start_soon(wait, "shorter", 0.5)
+    # No cancel_all() ran: the deadline alone ended them, a shorter bound first.
+    assert ended == {"before": 3.0, "after": 3.0, "shorter": 1.5}
+
+
 # --- explain_backend ----------------------------------------------------------------------
 
 

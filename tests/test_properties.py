@@ -469,6 +469,22 @@ def test_sigterm_cuts_an_asyncio_initializers_cleanup_at_the_end_of_the_grace() 
     )
 
 
+def test_the_end_of_the_grace_cuts_an_initializers_cleanup_with_no_job_left() -> None:
+    # Found by a soak (seed 2567338410): with no job held, the grace task ended with the
+    # last job task, long before the end of the grace, so nothing was left to cut the
+    # cancelled initializer's 3 s cleanup. Before the fix, §9: serve() returned at 3,
+    # bound 2.
+    check_orders(
+        minimal(
+            init=InitPlan("success", 0.25, "RuntimeError", Text("boom", 1), None, cleanup=3.0),
+            sigterm=0.0,
+            timings=dataclasses.replace(_TIMINGS, shutdown_grace=1.0, report_deadline=1.0),
+            shutdown_cleanup=True,
+        ),
+        "asyncio",
+    )
+
+
 def test_the_end_of_the_grace_cuts_an_asyncio_streams_cleanup() -> None:
     # Before the fix, §9: serve() returned at 4, bound 2.
     check_orders(

@@ -98,12 +98,23 @@ class ThreadWaits:
     def __init__(self) -> None:
         self._scopes: set[trio.CancelScope] = set()
         self._expired = False
+        self._end = math.inf
 
     def cancel_all(self) -> None:
         """Stop every wait now, and every wait that starts from now on."""
         self._expired = True
         for scope in self._scopes:
             scope.cancel()
+
+    def end_by(self, deadline: float) -> None:
+        """Stop every wait, and every wait that starts later, by *deadline* (trio time):
+        the end of the shutdown grace. The waits' own scopes carry it, so it holds even
+        when nothing is left running at the deadline to call :meth:`cancel_all` (the
+        supervisor's grace task ends with the last job task, while a cancelled
+        initializer's cleanup may still be awaited)."""
+        self._end = min(self._end, deadline)
+        for scope in self._scopes:
+            scope.deadline = min(scope.deadline, deadline)
 
     def shielded(self, bound: float = math.inf) -> AbstractContextManager[trio.CancelScope]:
         """A scope shielded from its caller's cancellation that still ends after *bound*
@@ -116,7 +127,8 @@ class ThreadWaits:
 
     @contextlib.contextmanager
     def _scope(self, bound: float, *, shield: bool) -> Iterator[trio.CancelScope]:
-        with trio.CancelScope(shield=shield, deadline=trio.current_time() + bound) as wait:
+        deadline = min(trio.current_time() + bound, self._end)
+        with trio.CancelScope(shield=shield, deadline=deadline) as wait:
             self._register(wait)
             try:
                 yield wait

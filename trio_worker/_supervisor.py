@@ -179,6 +179,7 @@ class Supervisor:
         now = trio.current_time()
         self.driver.begin_shutdown(now + self.timings.shutdown_grace)
         self.delivery.cut(now + self.timings.shutdown_grace)
+        self.waits.end_by(now + self.timings.shutdown_grace)
         self._shorten_take(now + min(self.timings.take_drain, self.timings.shutdown_grace))
         self._idle_scope.cancel()
         self._stop_scope.cancel()
