@@ -633,7 +633,7 @@ async def test_cancelled_run_in_thread_waits_for_the_thread_holding_its_slot() -
             pass
 
 
-async def test_cancel_all_lets_a_cancelled_caller_move_on_without_the_thread() -> None:
+async def test_end_by_now_lets_a_cancelled_caller_move_on_without_the_thread() -> None:
     limiter = trio.CapacityLimiter(1)
     waits = ThreadWaits()
     started = threading.Event()
@@ -663,7 +663,7 @@ async def test_cancel_all_lets_a_cancelled_caller_move_on_without_the_thread() -
             await trio.testing.wait_all_tasks_blocked()
             assert done == []
             assert len(waits) == 1
-            waits.cancel_all()
+            waits.end_by(trio.current_time())
         # The caller moved on while the thread is still running.
         assert done == ["moved on"]
         assert scope.cancelled_caught
@@ -674,9 +674,9 @@ async def test_cancel_all_lets_a_cancelled_caller_move_on_without_the_thread() -
         assert await trio.to_thread.run_sync(returned.wait, TIMEOUT)
 
 
-async def test_cancel_all_without_waiters_is_harmless() -> None:
+async def test_end_by_now_without_waiters_is_harmless() -> None:
     waits = ThreadWaits()
-    waits.cancel_all()
+    waits.end_by(trio.current_time())
     assert len(waits) == 0
     limiter = trio.CapacityLimiter(1)
     assert await run_in_thread(str, 7, limiter=limiter, waits=waits) == "7"
@@ -699,7 +699,7 @@ async def test_end_by_cuts_waits_already_running_and_those_started_later(
         waits.end_by(trio.current_time() + 2.0)  # a shutdown at 1 s with a 2 s grace
         nursery.start_soon(wait, "after", 10.0)
         nursery.start_soon(wait, "shorter", 0.5)
-    # No cancel_all() ran: the deadline alone ended them, a shorter bound first.
+    # Nothing cancelled them: the deadline alone ended them, a shorter bound first.
     assert ended == {"before": 3.0, "after": 3.0, "shorter": 1.5}
 
 

@@ -263,8 +263,8 @@ async def await_on_asyncio(
 
     If the trio scope is cancelled, the asyncio task is cancelled and awaited (shielded)
     before ``trio.Cancelled`` propagates. A task that swallows its cancellation holds its
-    caller for at most *cancel_bound* seconds and no later than ``waits.cancel_all()`` (the
-    end of the shutdown grace; local mode has none), as a sync handler's thread does.
+    caller for at most *cancel_bound* seconds and no later than the end of the shutdown
+    grace (``waits``; local mode has none), as a sync handler's thread does.
     """
     loop = host_loop()
     coro: Coroutine[Any, Any, T] = (

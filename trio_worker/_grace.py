@@ -2,10 +2,10 @@
 
 Two background duties of the supervisor, kept apart from its four tasks:
 
-* ``expire``: once the shutdown grace has run out, threads that ignore
-  ``check_cancelled()`` stop holding the exit up; a handler that swallowed its cancellation
-  gets its ``worker_shutdown`` report sent for it; then ``start()``'s exit guard is told
-  the worker has settled (docs/design.md §9).
+* ``expire``: once the shutdown grace has run out (threads that ignore
+  ``check_cancelled()`` stop holding the exit up by then: ``ThreadWaits.end_by``), a
+  handler that swallowed its cancellation gets its ``worker_shutdown`` report sent for it;
+  then ``start()``'s exit guard is told the worker has settled (docs/design.md §9).
 * ``watch``: a cancellation of the whole worker (init failure, ``serve()`` cancelled, a
   second SIGINT) would otherwise wait out every shielded report's budget: the reports are
   cut instead (docs/design.md §5).
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from ._delivery import Delivery
     from ._driver import JobDriver
     from ._exit import ExitGuard
-    from ._handlers import ThreadWaits
     from ._lifecycle import Ledger
 
 log = logging.getLogger("trio_worker")
@@ -43,14 +42,12 @@ class Grace:
         driver: JobDriver,
         delivery: Delivery,
         ledger: Ledger,
-        waits: ThreadWaits,
         timings: Timings,
         exit_hooks: ExitGuard | None,
     ) -> None:
         self._driver = driver
         self._delivery = delivery
         self._ledger = ledger
-        self._waits = waits
         self._timings = timings
         self._exit_hooks = exit_hooks
         self._grace_scope = trio.CancelScope()
@@ -65,7 +62,6 @@ class Grace:
         """At the shutdown deadline, settle what cannot settle itself."""
         with self._grace_scope:
             await trio.sleep_until(self._driver.shutdown_deadline)
-            self._waits.cancel_all()
             await trio.sleep(min(UNWIND_BOUND, self._timings.exit_watchdog / 2))
             stuck = await self._driver.settle_stuck()
             if not stuck:

@@ -91,34 +91,27 @@ class ThreadWaits:
     """Cancel scopes of job tasks waiting for an abandoned handler thread to end.
 
     A stopped job keeps its slot until its thread returns (docs/design.md §9); at the end of the
-    shutdown grace the supervisor cancels these waits, so a stuck thread cannot hold up
-    the exit (the process then ends with ``os._exit``).
+    shutdown grace these waits end, so a stuck thread cannot hold up the exit (the process
+    then ends with ``os._exit``).
     """
 
     def __init__(self) -> None:
         self._scopes: set[trio.CancelScope] = set()
-        self._expired = False
         self._end = math.inf
-
-    def cancel_all(self) -> None:
-        """Stop every wait now, and every wait that starts from now on."""
-        self._expired = True
-        for scope in self._scopes:
-            scope.cancel()
 
     def end_by(self, deadline: float) -> None:
         """Stop every wait, and every wait that starts later, by *deadline* (trio time):
-        the end of the shutdown grace. The waits' own scopes carry it, so it holds even
-        when nothing is left running at the deadline to call :meth:`cancel_all` (the
-        supervisor's grace task ends with the last job task, while a cancelled
-        initializer's cleanup may still be awaited)."""
+        the end of the shutdown grace. The waits' own scopes carry it, so it holds with
+        nothing left running at the deadline to enforce it (the supervisor's grace task
+        ends with the last job task, while a cancelled initializer's cleanup may still be
+        awaited)."""
         self._end = min(self._end, deadline)
         for scope in self._scopes:
             scope.deadline = min(scope.deadline, deadline)
 
     def shielded(self, bound: float = math.inf) -> AbstractContextManager[trio.CancelScope]:
         """A scope shielded from its caller's cancellation that still ends after *bound*
-        seconds or when :meth:`cancel_all` runs, whichever comes first."""
+        seconds or at the deadline given to :meth:`end_by`, whichever comes first."""
         return self._scope(bound, shield=True)
 
     def bounded(self, bound: float) -> AbstractContextManager[trio.CancelScope]:
@@ -127,24 +120,20 @@ class ThreadWaits:
 
     @contextlib.contextmanager
     def _scope(self, bound: float, *, shield: bool) -> Iterator[trio.CancelScope]:
+        # A wait that starts after the deadline (a job cut by the same deadline) is
+        # cancelled at its first checkpoint.
         deadline = min(trio.current_time() + bound, self._end)
         with trio.CancelScope(shield=shield, deadline=deadline) as wait:
-            self._register(wait)
+            self._scopes.add(wait)
             try:
                 yield wait
             finally:
                 self._scopes.discard(wait)
 
     async def hold(self, finished: trio.Event) -> None:
-        """Wait, shielded, for *finished*: until it is set or :meth:`cancel_all` runs."""
+        """Wait, shielded, for *finished*: until it is set or the deadline of :meth:`end_by`."""
         with self.shielded():
             await finished.wait()
-
-    def _register(self, scope: trio.CancelScope) -> None:
-        if self._expired:
-            # A job cut by the same deadline may get here just after cancel_all() ran.
-            scope.cancel()
-        self._scopes.add(scope)
 
     def __len__(self) -> int:
         return len(self._scopes)

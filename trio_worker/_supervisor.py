@@ -122,7 +122,6 @@ class Supervisor:
             driver=self.driver,
             delivery=self.delivery,
             ledger=self.ledger,
-            waits=waits,
             timings=timings,
             exit_hooks=exit_hooks,
         )
