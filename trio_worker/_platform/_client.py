@@ -101,7 +101,8 @@ class PlatformClient:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
         # Stream chunks are pipelined until the platform shows it cannot take that
         # (docs/protocol.md §2.4); httpx (a proxy, an injected transport) never pipelines.
-        self.pipelining = isinstance(self._reports, PipeliningBackend)
+        reports = self._reports
+        self._pipelining = reports if isinstance(reports, PipeliningBackend) else None
 
     async def aclose(self) -> None:
         # Each backend closes its own connections even when cancelled; this only makes
@@ -215,8 +216,8 @@ class PlatformClient:
         timeout does not take pipelined requests (a proxy in the way, say): pipelining is
         then turned off for good, with a warning, and chunks go one at a time.
         """
-        backend = self._reports
-        if not self.pipelining or not isinstance(backend, PipeliningBackend):
+        backend = self._pipelining
+        if backend is None:
             return []
         bound = self.timings.report_attempt_bound(sum(len(body) for body in bodies))
         answers: list[HttpResponse] = []
@@ -232,7 +233,7 @@ class PlatformClient:
                     exc,
                 )
         if scope.cancelled_caught and answers:
-            self.pipelining = False
+            self._pipelining = None
             log.warning(
                 "the platform answered %d of %d pipelined stream chunks, then nothing for "
                 "%.1fs: stream chunks now go one request at a time",
