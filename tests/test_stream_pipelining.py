@@ -17,6 +17,7 @@ import trio
 
 from trio_worker import Timings
 from trio_worker.testing import FakePlatform, Fault
+from trio_worker.testing._records import JobRecord
 
 from .backends import BOTH_BACKENDS, sleep_for
 from .test_delivery import Opener, finished, running
@@ -102,15 +103,31 @@ def slow_first_chunk() -> Fault:
     return Fault("stream", delay=1.0)
 
 
+async def one_streamed_job(
+    platform: FakePlatform,
+    handler: Callable[[dict[str, Any]], Any],
+    backend: str,
+    *faults: Fault,
+    writes: Writes | None = None,
+    **options: Any,
+) -> JobRecord:
+    """One job through a worker running *handler*, with *faults* armed in order on the
+    platform before it is enqueued; the job once COMPLETED."""
+    network = None if writes is None else writes.network
+    async with running(platform, handler, backend=backend, network=network, **options):
+        for fault in faults:
+            platform.inject(fault)
+        return await finished(platform, platform.enqueue({}), "COMPLETED")
+
+
 @BOTH_BACKENDS
 async def test_chunks_waiting_behind_a_post_go_out_together_in_order(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
-    platform = FakePlatform()
     writes = Writes()
-    async with running(platform, burst(backend), backend=backend, network=writes.network):
-        platform.inject(slow_first_chunk())
-        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    job = await one_streamed_job(
+        FakePlatform(), burst(backend), backend, slow_first_chunk(), writes=writes
+    )
     assert job.stream == list(range(CHUNKS))
     assert job.done_reports == [{"output": []}]
     # The first chunk alone, then the eleven that waited for it in one write.
@@ -121,12 +138,15 @@ async def test_chunks_waiting_behind_a_post_go_out_together_in_order(
 async def test_a_chunk_refused_for_now_in_a_batch_is_sent_again_after_it(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
-    platform = FakePlatform()
     writes = Writes()
-    async with running(platform, burst(backend), backend=backend, network=writes.network):
-        platform.inject(slow_first_chunk())
-        platform.inject(Fault("stream", status=503))  # chunk 1, the batch's first
-        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    job = await one_streamed_job(
+        FakePlatform(),
+        burst(backend),
+        backend,
+        slow_first_chunk(),
+        Fault("stream", status=503),  # chunk 1, the batch's first
+        writes=writes,
+    )
     # The platform took chunks 2-11 from the wire before chunk 1 could go again: reordered,
     # not lost, and not sent twice.
     assert job.stream == [0, *range(2, CHUNKS), 1]
@@ -139,10 +159,13 @@ async def test_a_chunk_refused_with_retry_after_in_a_batch_waits_as_asked(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
     platform = FakePlatform()
-    async with running(platform, burst(backend, 4), backend=backend):
-        platform.inject(slow_first_chunk())
-        platform.inject(Fault("stream", status=429, retry_after=3.0))  # chunk 1
-        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    job = await one_streamed_job(
+        platform,
+        burst(backend, 4),
+        backend,
+        slow_first_chunk(),
+        Fault("stream", status=429, retry_after=3.0),  # chunk 1
+    )
     assert job.stream == [0, 2, 3, 1]
     times = [r.time for r in platform.requests if r.route == "stream"]
     # 0 at 0, the batch 1-3 when 0 was answered (1 s), 1 again 3 s after its 429.
@@ -172,17 +195,18 @@ async def test_after_trouble_the_next_batch_goes_one_chunk_at_a_time(
         for n in range(9, 12):
             yield n
 
-    async with running(platform, three_bursts, backend=backend, network=writes.network):
-        for fault in (
-            slow_first_chunk(),  # 0
-            Fault("stream", status=503),  # 1, first of the batch 1-3
-            Fault("stream", times=2),  # 2, 3
-            Fault("stream", delay=1.0),  # 1 again: 4-7 wait behind it
-            Fault("stream", times=4),  # 4-7, one at a time
-            Fault("stream", delay=1.0),  # 8: 9-11 wait behind it
-        ):
-            platform.inject(fault)
-        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    job = await one_streamed_job(
+        platform,
+        three_bursts,
+        backend,
+        slow_first_chunk(),  # 0
+        Fault("stream", status=503),  # 1, first of the batch 1-3
+        Fault("stream", times=2),  # 2, 3
+        Fault("stream", delay=1.0),  # 1 again: 4-7 wait behind it
+        Fault("stream", times=4),  # 4-7, one at a time
+        Fault("stream", delay=1.0),  # 8: 9-11 wait behind it
+        writes=writes,
+    )
     assert job.stream == [0, 2, 3, 1, *range(4, 12)]
     # The batch after the troubled one went one chunk at a time; once it was all
     # delivered, the next batch was pipelined again.
@@ -194,14 +218,15 @@ async def test_after_trouble_the_next_batch_goes_one_chunk_at_a_time(
 async def test_a_chunk_refused_for_good_in_a_batch_is_named(
     backend: str, aggregate: bool, virtual_clock: trio.abc.Clock
 ) -> None:
-    platform = FakePlatform()
-    async with running(
-        platform, burst(backend, 4), backend=backend, return_aggregate_stream=aggregate
-    ):
-        platform.inject(slow_first_chunk())
-        platform.inject(Fault("stream"))  # chunk 1 answered normally, after no delay
-        platform.inject(Fault("stream", status=400))  # chunk 2, in the middle of the batch
-        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    job = await one_streamed_job(
+        FakePlatform(),
+        burst(backend, 4),
+        backend,
+        slow_first_chunk(),
+        Fault("stream"),  # chunk 1 answered normally, after no delay
+        Fault("stream", status=400),  # chunk 2, in the middle of the batch
+        return_aggregate_stream=aggregate,
+    )
     assert job.stream == [0, 1, 3]
     assert job.done_reports == [
         {
@@ -216,13 +241,16 @@ async def test_a_chunk_refused_for_good_in_a_batch_is_named(
 async def test_chunks_behind_a_dropped_connection_are_sent_again_in_order(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
-    platform = FakePlatform()
-    async with running(platform, burst(backend), backend=backend):
-        platform.inject(slow_first_chunk())
-        platform.inject(Fault("stream"))
-        platform.inject(Fault("stream", drop=True))  # chunk 2: closed before it is recorded
-        # Chunks 3-11 were on the wire behind it, unanswered: sent again one at a time.
-        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    job = await one_streamed_job(
+        FakePlatform(),
+        burst(backend),
+        backend,
+        slow_first_chunk(),
+        Fault("stream"),
+        # Chunk 2: closed before it is recorded; chunks 3-11 were on the wire behind it,
+        # unanswered: sent again one at a time.
+        Fault("stream", drop=True),
+    )
     assert job.stream == list(range(CHUNKS))
     assert job.done_reports == [{"output": []}]
 
