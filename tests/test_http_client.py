@@ -1735,7 +1735,11 @@ async def test_answers_dripping_in_byte_by_byte_are_read_whole_by_h11(
     with trio.fail_after(TIMEOUT):
         answers = await pipeline(client, server)
     assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"bb"), (200, b"ccc")]
-    assert calls == lean_module.FAST_READS + 1
+    # At most FAST_READS + 1 calls an answer: with one byte a read, the first answer's
+    # fifth call hands everything to h11; a machine slow enough to let bytes gather
+    # between reads may finish an answer or two by the fast path first. The fast path
+    # alone would make one call per read: about 125 here.
+    assert calls <= 3 * (lean_module.FAST_READS + 1)
 
 
 async def test_bytes_past_the_last_pipelined_answer_end_the_connection(
