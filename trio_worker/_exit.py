@@ -59,16 +59,23 @@ def exit_process(
     capture: OutputCapture | None = None,
     *,
     watchdog_seconds: float = DEFAULT_EXIT_FLUSH_WATCHDOG,
+    farewell: str | None = None,
+    farewell_level: int = logging.WARNING,
 ) -> NoReturn:
     """Flush, then end the process with *status* whatever threads are still running.
 
     A flush that hangs (a stuck pipe, a logging handler blocked on the network) gets
     *watchdog_seconds* (``Timings.exit_flush_watchdog``) before the process ends anyway.
+    *farewell*, the line saying why, is logged under that watchdog too: logging takes
+    locks, and a signal handler runs on whatever the main thread was doing, perhaps
+    holding one of them.
     """
     watchdog = threading.Timer(watchdog_seconds, os._exit, args=(status,))
     watchdog.daemon = True
     watchdog.start()
     try:
+        if farewell is not None:
+            log.log(farewell_level, "%s", farewell)
         flush_all(capture)
     finally:
         os._exit(status)
@@ -124,18 +131,24 @@ class ExitGuard:
             self._timer.start()
 
     def settled(self) -> None:
-        log.warning("every report is out; exiting without the handler(s) still running")
-        self.leave(0)
+        self.leave(0, "every report is out; exiting without the handler(s) still running")
 
-    def leave(self, status: int) -> NoReturn:
-        exit_process(status, self._capture, watchdog_seconds=self._timings.exit_flush_watchdog)
+    def leave(
+        self, status: int, farewell: str | None = None, level: int = logging.WARNING
+    ) -> NoReturn:
+        exit_process(
+            status,
+            self._capture,
+            watchdog_seconds=self._timings.exit_flush_watchdog,
+            farewell=farewell,
+            farewell_level=level,
+        )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals > 1:
-            log.warning("second signal (%s): exiting at once", name)
-            self.leave(128 + signum)
+            self.leave(128 + signum, f"second signal ({name}): exiting at once")
         self.arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
         reason = f"{name} received"
         if self._token is None or self._shutdown is None:
@@ -153,12 +166,13 @@ class ExitGuard:
             self._timer.daemon = True
             self._timer.start()
             return
-        log.error(
-            "exit watchdog: still running %.1fs after the shutdown grace ended (a handler "
-            "ignoring cancellation, or a blocked event loop); exiting",
-            self._timings.exit_watchdog,
+        self.leave(
+            1,
+            f"exit watchdog: still running {self._timings.exit_watchdog:.1f}s after the "
+            "shutdown grace ended (a handler ignoring cancellation, or a blocked event "
+            "loop); exiting",
+            logging.ERROR,
         )
-        self.leave(1)
 
     def _reports_in_flight(self) -> bool:
         """Ask the loop; a loop that does not answer within a second is blocked: False."""
