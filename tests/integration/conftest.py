@@ -40,10 +40,24 @@ class WorkerProcess:
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     pumped: list[trio.Event] = field(default_factory=list)
+    # Set (and replaced) each time output arrives: what `until_output` waits on.
+    grew: trio.Event = field(default_factory=trio.Event)
 
     @property
     def output(self) -> str:
         return (self.stdout + self.stderr).decode(errors="replace")
+
+    def note_output(self) -> None:
+        self.grew.set()
+        self.grew = trio.Event()
+
+    async def until_output(self, text: str, timeout: float = 20.0) -> None:
+        """Wait until *text* appears in the output (or the pipes close without it)."""
+        with trio.fail_after(timeout):
+            while text not in self.output:
+                if all(done.is_set() for done in self.pumped):
+                    raise AssertionError(f"{text!r} never printed:\n{self.output}")
+                await self.grew.wait()
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
@@ -77,8 +91,8 @@ async def open_worker(
     worker = WorkerProcess(process)
     assert process.stdout is not None and process.stderr is not None
     worker.pumped = [trio.Event(), trio.Event()]
-    nursery.start_soon(_pump, process.stdout, worker.stdout, worker.pumped[0])
-    nursery.start_soon(_pump, process.stderr, worker.stderr, worker.pumped[1])
+    nursery.start_soon(_pump, process.stdout, worker, worker.stdout, worker.pumped[0])
+    nursery.start_soon(_pump, process.stderr, worker, worker.stderr, worker.pumped[1])
     return worker
 
 
@@ -90,12 +104,16 @@ async def kill_all(workers: list[WorkerProcess]) -> None:
             await worker.process.wait()
 
 
-async def _pump(stream: trio.abc.ReceiveStream, into: bytearray, done: trio.Event) -> None:
+async def _pump(
+    stream: trio.abc.ReceiveStream, worker: WorkerProcess, into: bytearray, done: trio.Event
+) -> None:
     try:
         async for chunk in stream:
             into.extend(chunk)
+            worker.note_output()
     finally:
         done.set()
+        worker.note_output()
 
 
 @pytest.fixture

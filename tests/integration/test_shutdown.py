@@ -74,6 +74,10 @@ async def test_second_signal_exits_at_once(
     worker = await spawn(platform.env(TW_HANDLER="slow_async", TW_SHUTDOWN_GRACE="60"))
     await until_taken(platform, job_id)
     worker.signal(signum)
+    # Two signals sent before the process handles the first are one to the kernel (and to
+    # Python's handler): the second is sent only once the worker has logged the first.
+    name = signal.Signals(signum).name
+    await worker.until_output(f"shutting down ({name} received)")
     with trio.fail_after(20):
         # The first signal is a graceful shutdown: the worker stops taking, keeps pinging.
         await platform.fake.wait_for_requests("ping", len(platform.fake.pings) + 1)

@@ -169,7 +169,9 @@ async def test_an_error_body_with_stop_pod_at_the_64_kib_edge(
     platform = FakePlatform(take_hold=5.0)
     job_id = platform.enqueue({})
 
-    def raises_a_huge_quoted_message(job: dict[str, Any]) -> None:
+    # Async: a handler in a thread would let the autojumping clock run ahead of it (trio
+    # sees only blocked tasks), and a slow first call could outlast the 60 s below.
+    async def raises_a_huge_quoted_message(job: dict[str, Any]) -> None:
         # Quotes cost 3 bytes each once the inner JSON is escaped twice: far over the bound.
         raise ValueError('"' * 40_000)
 
