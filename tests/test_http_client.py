@@ -1590,11 +1590,15 @@ def test_make_backend_refuses_a_key_that_cannot_be_sent_on_either_path(
 BODIES = [b'{"output": 0}', b'{"output": 1}', b'{"output": 2}']
 
 
+def to(url: str, bodies: list[bytes]) -> list[tuple[str, bytes]]:
+    return [(url, body) for body in bodies]
+
+
 async def pipeline(
     client: LeanHttp, server: Server, bodies: list[bytes] = BODIES
 ) -> list[HttpResponse]:
     answers: list[HttpResponse] = []
-    await client.pipeline("POST", server.url("/job-stream/w/j?x=1"), bodies, answers)
+    await client.pipeline("POST", to(server.url("/job-stream/w/j?x=1"), bodies), answers)
     return answers
 
 
@@ -1624,7 +1628,7 @@ async def test_connection_close_ends_a_pipeline_with_the_answers_so_far(
     server.reply(response(b"a", headers=("Connection: close",)), then="close")
     answers: list[HttpResponse] = []
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="after 1 of 3 pipelined"):
-        await client.pipeline("POST", server.url("/s"), BODIES, answers)
+        await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
     assert [a.body for a in answers] == [b"a"]
 
 
@@ -1640,7 +1644,7 @@ async def test_a_bad_answer_mid_pipeline_keeps_the_earlier_answers(
     answers: list[HttpResponse] = []
     with trio.fail_after(TIMEOUT):
         with pytest.raises(TransportError):
-            await client.pipeline("POST", server.url("/s"), BODIES, answers)
+            await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
         assert [a.body for a in answers] == [b"a"]
         # The broken connection was not pooled.
         assert (await client.request("GET", server.url("/next"))).body == b"fresh"
@@ -1673,7 +1677,7 @@ async def test_a_close_after_some_answers_is_never_taken_for_a_stale_connection(
         assert (await client.request("GET", server.url("/warm"))).body == b"warm"
         answers: list[HttpResponse] = []
         with pytest.raises(TransportError):
-            await client.pipeline("POST", server.url("/s"), BODIES, answers)
+            await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
     assert [a.body for a in answers] == [b"a"]
     # Processed requests were not sent again: what followed the answered one is the
     # caller's to send again, not the client's.
@@ -1688,7 +1692,7 @@ async def test_a_cancelled_pipeline_keeps_its_answers_and_closes_its_connection(
     server.reply(response(b"after"))
     answers: list[HttpResponse] = []
     with trio.move_on_after(0.05) as scope:
-        await client.pipeline("POST", server.url("/s"), BODIES[:2], answers)
+        await client.pipeline("POST", to(server.url("/s"), BODIES[:2]), answers)
     assert scope.cancelled_caught
     assert [a.body for a in answers] == [b"a"]
     with trio.fail_after(TIMEOUT):
@@ -1764,7 +1768,7 @@ async def test_a_close_inside_a_pipelined_answer_says_so(
     server.reply(response(b"a") + response(b"bbbbbbbbbb")[:cut], then="close")
     answers: list[HttpResponse] = []
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError) as caught:
-        await client.pipeline("POST", server.url("/s"), BODIES, answers)
+        await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
     assert [a.body for a in answers] == [b"a"]
     want = "after 1 of 3 pipelined" if cut == 0 else "before answering in full"
     assert want in str(caught.value)

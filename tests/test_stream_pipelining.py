@@ -1,4 +1,5 @@
-"""Stream chunks waiting behind a POST go out pipelined (docs/protocol.md §2.4), in virtual time.
+"""Stream chunks waiting behind a POST go out pipelined (docs/protocol.md §2.4), in virtual time,
+those of several jobs together.
 
 The whole worker runs over ``memory_network`` against the fake platform, whose h11 server
 takes pipelined requests as any HTTP/1.1 server must. A wrapper around each connection
@@ -9,6 +10,7 @@ can play a server (or a proxy) that drops what follows the first request of a wr
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +54,24 @@ class Writes:
 
     def __init__(self, *, forward_only_first: bool = False) -> None:
         self.per_write: list[int] = []
+        self.jobs_per_write: list[list[str]] = []  # the job of each chunk, in order
         self.forward_only_first = forward_only_first
+
+        self._written = trio.Event()
+
+    def chunks_sent(self, job_id: str) -> int:
+        return sum(write.count(job_id) for write in self.jobs_per_write)
+
+    async def until(self, seen: Callable[[], bool]) -> None:
+        """Wait until *seen* says yes, asking again after each write of stream chunks."""
+        while not seen():
+            await self._written.wait()
+
+    def note(self, jobs: list[str]) -> None:
+        self.per_write.append(len(jobs))
+        self.jobs_per_write.append(jobs)
+        self._written.set()
+        self._written = trio.Event()
 
     def network(self, opener: Opener) -> Opener:
         async def open_stream(host: str, port: int, tls: bool) -> trio.abc.Stream:
@@ -68,9 +87,10 @@ class _Counted(trio.abc.Stream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         data = bytes(data)
-        count = data.count(b"/job-stream/")
+        jobs = [match.decode() for match in _STREAM_JOB.findall(data)]
+        count = len(jobs)
         if count:
-            self._writes.per_write.append(count)
+            self._writes.note(jobs)
         if count > 1 and self._writes.forward_only_first:
             data = data[: _first_request_end(data)]
         await self._inner.send_all(data)
@@ -86,6 +106,9 @@ class _Counted(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+_STREAM_JOB = re.compile(rb"/job-stream/[^/ ]+/([^/? ]+)")
 
 
 def _first_request_end(data: bytes) -> int:
@@ -276,3 +299,77 @@ async def test_a_server_that_ignores_pipelined_requests_turns_pipelining_off(
     # The one batch that was cut, then every request on its own, the second job's too.
     assert writes.per_write == [1, CHUNKS - 1, *[1] * (CHUNKS - 2), *[1] * CHUNKS]
     assert len([r for r in platform.requests if r.route == "stream"]) == 2 * CHUNKS
+
+
+# -- the chunks of several streams share a write ---------------------------------------------
+
+
+@BOTH_BACKENDS
+async def test_chunks_of_several_streams_waiting_together_share_one_write(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    writes = Writes()
+    sleep = sleep_for(backend)
+
+    async def stream(job: dict[str, Any]) -> Any:
+        await sleep(0.1)  # every job has started: their first chunks come together
+        yield 0
+        await sleep(0.5)
+        for n in range(1, CHUNKS):
+            yield n
+
+    async with running(platform, stream, backend=backend, network=writes.network, concurrency=4):
+        platform.inject(slow_first_chunk())
+        ids = [platform.enqueue({}) for _ in range(4)]
+        jobs = [await finished(platform, job_id, "COMPLETED") for job_id in ids]
+    for job in jobs:
+        assert job.stream == list(range(CHUNKS))
+    # One write carried the first chunk of every job; then, the bursts that waited behind
+    # its slow answer went out together too: fewer writes than streams, each chunk once.
+    assert sorted(writes.jobs_per_write[0]) == ids
+    assert len(writes.jobs_per_write) < 1 + 4
+    assert [writes.chunks_sent(job_id) for job_id in ids] == [CHUNKS] * 4
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize("stopped_job", [0, 1])
+async def test_a_job_stopped_while_its_chunks_share_a_write_cuts_no_other_stream_short(
+    backend: str, stopped_job: int, virtual_clock: trio.abc.Clock
+) -> None:
+    platform = FakePlatform()
+    writes = Writes()
+    sleep = sleep_for(backend)
+    stopped: list[str] = []
+
+    async def stream(job: dict[str, Any]) -> Any:
+        yield 0
+        await sleep(0.5)
+        for n in range(1, CHUNKS):
+            yield n
+        if job["input"].get("linger"):
+            try:
+                await sleep(3600)
+            finally:
+                stopped.append(job["id"])
+
+    async with running(platform, stream, backend=backend, network=writes.network, concurrency=2):
+        # Either job's chunks may be the first of the shared write: each is stopped.
+        ids = [platform.enqueue({"linger": n == stopped_job}) for n in range(2)]
+        lingering, other = ids[stopped_job], ids[1 - stopped_job]
+        with trio.fail_after(60):
+            await writes.until(lambda: all(writes.chunks_sent(job_id) for job_id in ids))
+            # The next write (the bursts of both) is answered after 5 s.
+            platform.inject(Fault("stream", delay=5.0))
+            before = len(writes.jobs_per_write)
+            await writes.until(lambda: len(writes.jobs_per_write) > before)
+            assert set(writes.jobs_per_write[before]) == {lingering, other}
+            platform.request_stop(lingering)
+            await trio.sleep(1.0)
+            assert stopped == [lingering]  # while the write it shares is held
+        job = await finished(platform, other, "COMPLETED")
+    assert job.stream == list(range(CHUNKS))
+    assert job.done_reports == [{"output": []}]
+    # Nothing of the other stream was sent twice: the stopped job's task did not own the
+    # write it shared.
+    assert writes.chunks_sent(other) == CHUNKS

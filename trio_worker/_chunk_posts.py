@@ -3,7 +3,8 @@
 docs/protocol.md §2.4 has the rules. The reference posts one chunk and waits for its answer
 before asking the generator for the next one, so a stream runs at one round trip per chunk
 at best (docs/protocol.md §8 item 15). Here the generator runs ahead into a bounded channel,
-and the chunks waiting in it go out together: written at once on one kept-alive connection
+and the chunks waiting in it go out together, with those of the other streams waiting at
+the same moment (:mod:`._chunk_convoy`): written at once on one kept-alive connection
 (HTTP/1.1 pipelining), their answers read back in order. A chunk that was not answered, or
 was answered with a status worth another attempt, is then sent again on its own, in order,
 within the stream's budget.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from ._chunk_convoy import ChunkConvoy, Spawn
 from ._platform._client import PlatformClient, ReportOutcome, is_retryable, report_retry_after
 
 if TYPE_CHECKING:
@@ -51,11 +53,16 @@ class ChunkSink(Protocol):
 
 
 class PlatformChunks:
-    """Posts chunks to the job-stream route."""
+    """Posts chunks to the job-stream route; pipelined batches of all streams together
+    (:class:`~trio_worker._chunk_convoy.ChunkConvoy`) when *spawn* gives their rounds a
+    task beside the jobs."""
 
-    def __init__(self, client: PlatformClient, settings: Settings) -> None:
+    def __init__(
+        self, client: PlatformClient, settings: Settings, spawn: Spawn | None = None
+    ) -> None:
         self.client = client
         self.settings = settings
+        self._convoy = ChunkConvoy(client.post_pipelined, spawn)
 
     async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
         url = self.settings.platform.stream_url(job_id)
@@ -72,9 +79,11 @@ class PlatformChunks:
     async def send_batch(
         self, job_id: str, bodies: list[bytes], *, retry_until: float
     ) -> list[bool | None]:
-        url = self.settings.platform.stream_url(job_id)
-        answers = await self.client.post_pipelined(url, bodies, job_id=job_id)
         verdicts: list[bool | None] = [None] * len(bodies)
+        if not self.client.pipelining:
+            return verdicts
+        url = self.settings.platform.stream_url(job_id)
+        answers = await self._convoy.send([(url, body) for body in bodies])
         wait = 0.0
         for index, answer in enumerate(answers):
             status = answer.status
@@ -124,8 +133,7 @@ async def post_chunks(
     async with receive:
         async for first in receive:
             batch = _take_batch(first, receive)
-            pipelined = calm and len(batch) > 1
-            if pipelined:
+            if calm:
                 verdicts = await sink.send_batch(job_id, batch, retry_until=alive + budget)
                 calm = all(verdict is True for verdict in verdicts)
             else:

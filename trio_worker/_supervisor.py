@@ -386,6 +386,17 @@ class Supervisor:
 
     # -- progress -----------------------------------------------------------------------
 
+    def spawn_beside_jobs(self, task: Callable[[], Awaitable[None]]) -> bool:
+        """Start *task* in the jobs' nursery (work shared by several jobs, which none of
+        their cancellations may cut short); False when that nursery is not open."""
+        if self._jobs is None:
+            return False
+        try:
+            self._jobs.start_soon(task)
+        except RuntimeError:  # closed: the worker is past running jobs
+            return False
+        return True
+
     def spawn_progress(self, job_id: str, body: bytes) -> None:
         """Post a progress update in the background; must run on the trio thread."""
         if job_id not in self.ledger or self._jobs is None:

@@ -33,7 +33,7 @@ from ._runner import JobRunner, JobSpec, ProgressTarget, current_progress
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 
     import httpx
 
@@ -277,6 +277,9 @@ def _build(
     def shared_process() -> bool:
         return supervisor is not None and supervisor.concurrency > 1
 
+    def beside_the_jobs(task: Callable[[], Awaitable[None]]) -> bool:
+        return supervisor is not None and supervisor.spawn_beside_jobs(task)
+
     def post_progress(job_id: str, body: bytes) -> None:
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
@@ -290,7 +293,7 @@ def _build(
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
-        PlatformChunks(client, settings),
+        PlatformChunks(client, settings, beside_the_jobs),
         capture,
         trio.CapacityLimiter(math.inf),
         waits,

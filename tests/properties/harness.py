@@ -485,32 +485,30 @@ class RecordingBackend:
     async def pipeline(
         self,
         method: str,
-        url: str,
-        bodies: list[bytes],
+        requests: list[tuple[str, bytes]],
         answers: list[HttpResponse],
         *,
         max_body: int = MAX_ANSWER_BYTES,
     ) -> None:
-        """Stream chunks written at once: one exchange per chunk, one network step for
-        the batch (one write, its answers read back together)."""
+        """Stream chunks written at once (of one job or several): one exchange per chunk,
+        one network step for the batch (one write, its answers read back together)."""
         inner = self._inner
         assert isinstance(inner, PipeliningBackend)
         rec = self._rec
-        route, job_id = route_of(url)
         seq, now = rec.tick()
         first = len(rec.exchanges)
-        step = rec.next_step(route, first)
+        step = rec.next_step(route_of(requests[0][0])[0], first)
         batch = [
             Exchange(
-                first + n, route, job_id, 0, body, seq, now, rec.held, rec.concurrency, None, step
+                first + n, *route_of(url), 0, body, seq, now, rec.held, rec.concurrency, None, step
             )
-            for n, body in enumerate(bodies)
+            for n, (url, body) in enumerate(requests)
         ]
         rec.exchanges += batch
         token = _CHAOS.set(Chaos(step))
         failure: BaseException | None = None
         try:
-            await inner.pipeline(method, url, bodies, answers, max_body=max_body)
+            await inner.pipeline(method, requests, answers, max_body=max_body)
         except BaseException as exc:
             failure = exc
             raise

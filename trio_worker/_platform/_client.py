@@ -204,11 +204,9 @@ class PlatformClient:
                 )
             await trio.sleep(delay)
 
-    async def post_pipelined(
-        self, url: str, bodies: list[bytes], *, job_id: str
-    ) -> list[HttpResponse]:
-        """One attempt at POSTing every body to *url*, pipelined on one connection: the
-        answers, in order, for a prefix of *bodies* (all of them when all went well; none
+    async def post_pipelined(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
+        """One attempt at every ``(url, body)`` POST, pipelined on one connection: the
+        answers, in order, for a prefix of *requests* (all of them when all went well; none
         when pipelining is off). Never raises for platform trouble: what was not answered
         is the caller's to send again.
 
@@ -219,17 +217,16 @@ class PlatformClient:
         backend = self._pipelining
         if backend is None:
             return []
-        bound = self.timings.report_attempt_bound(sum(len(body) for body in bodies))
+        bound = self.timings.report_attempt_bound(sum(len(body) for _, body in requests))
         answers: list[HttpResponse] = []
         with trio.move_on_after(bound) as scope:
             try:
-                await backend.pipeline("POST", url, bodies, answers)
+                await backend.pipeline("POST", requests, answers)
             except TransportError as exc:
                 log.debug(
-                    "job %s: %d of %d pipelined stream chunks answered: %s",
-                    job_id,
+                    "%d of %d pipelined stream chunks answered: %s",
                     len(answers),
-                    len(bodies),
+                    len(requests),
                     exc,
                 )
         if scope.cancelled_caught and answers:
@@ -238,10 +235,15 @@ class PlatformClient:
                 "the platform answered %d of %d pipelined stream chunks, then nothing for "
                 "%.1fs: stream chunks now go one request at a time",
                 len(answers),
-                len(bodies),
+                len(requests),
                 bound,
             )
         return answers
+
+    @property
+    def pipelining(self) -> bool:
+        """Whether stream chunks may still be pipelined (see :meth:`post_pipelined`)."""
+        return self._pipelining is not None
 
     async def _attempt(
         self, url: str, body: bytes, bound: float, outcome: ReportOutcome

@@ -87,8 +87,7 @@ class PipeliningBackend(HttpBackend, Protocol):
     async def pipeline(
         self,
         method: str,
-        url: str,
-        bodies: list[bytes],
+        requests: list[tuple[str, bytes]],
         answers: list[HttpResponse],
         *,
         max_body: int = MAX_ANSWER_BYTES,

@@ -296,29 +296,45 @@ class LeanHttp:
     async def pipeline(
         self,
         method: str,
-        url: str,
-        bodies: list[bytes],
+        requests: list[tuple[str, bytes]],
         answers: list[HttpResponse],
         *,
         max_body: int = MAX_ANSWER_BYTES,
     ) -> None:
-        """Send every body to *url* at once on one connection (HTTP/1.1 pipelining), then
-        read the answers in order, appending each to *answers* as it is read.
+        """Send every ``(url, body)`` request at once on one connection (HTTP/1.1
+        pipelining), then read the answers in order, appending each to *answers* as it is
+        read. The URLs may differ (the stream routes of several jobs) but must share one
+        origin.
 
         *answers* is the caller's, so a caller whose deadline cut the reading still knows
         which requests were answered: the rest may or may not have been processed, as for
         a single request whose answer never came. A failure after some answers raises
         :class:`TransportError` with *answers* holding those; the connection is then closed.
         """
-        origin, head = self._prefix(method, url)
-        message = b"".join(head + b"Content-Length: %d\r\n\r\n" % len(b) + b for b in bodies)
+        if not requests:
+            return
+        parts: list[bytes] = []
+        origin: _Origin | None = None
+        for url, body in requests:
+            this_origin, head = self._prefix(method, url)
+            if origin is None:
+                origin = this_origin
+            elif this_origin != origin:
+                raise TransportError(
+                    f"cannot pipeline requests to {origin.where} and {this_origin.where} "
+                    "on one connection"
+                )
+            parts += (head, b"Content-Length: %d\r\n\r\n" % len(body), body)
+        message = b"".join(parts)
+        assert origin is not None  # requests is not empty
+        target = origin
 
         async def exchange(connection: _Connection) -> bool:
             return await self._pipelined_exchange(
-                connection, origin, method, message, len(bodies), answers, max_body
+                connection, target, method, message, len(requests), answers, max_body
             )
 
-        await self._on_a_connection(origin, exchange)
+        await self._on_a_connection(target, exchange)
 
     async def _on_a_connection(
         self, origin: _Origin, exchange: Callable[[_Connection], Awaitable[bool]]

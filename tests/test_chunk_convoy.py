@@ -1,0 +1,192 @@
+"""The convoy of stream chunks (trio_worker/_chunk_convoy.py) with an in-memory post.
+
+The worker-level behaviour (writes shared by several jobs, a stop that cuts no other
+stream short) is in test_stream_pipelining.py; here are the edges a worker rarely reaches:
+the size of a round, a seat given up before it boards, a round that raises, the task
+running the rounds cancelled, no place to run them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+import trio.testing
+
+from trio_worker._chunk_convoy import ROUND_REQUESTS, ChunkConvoy
+from trio_worker._platform._http import HttpResponse
+
+OK = HttpResponse(200, {}, b"")
+
+
+class Post:
+    """A pipelined post: records each round, answers every request after *hold* seconds,
+    or raises *error*."""
+
+    def __init__(self, *, hold: float = 1.0, error: Exception | None = None) -> None:
+        self.rounds: list[list[tuple[str, bytes]]] = []
+        self.hold = hold
+        self.error = error
+
+    async def __call__(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
+        self.rounds.append(requests)
+        await trio.sleep(self.hold)
+        if self.error is not None:
+            raise self.error
+        return [OK] * len(requests)
+
+
+def beside(nursery: trio.Nursery) -> Callable[[Callable[[], Awaitable[None]]], bool]:
+    def spawn(task: Callable[[], Awaitable[None]]) -> bool:
+        nursery.start_soon(task)
+        return True
+
+    return spawn
+
+
+def batch(job: str, count: int) -> list[tuple[str, bytes]]:
+    return [(f"http://p/job-stream/w/{job}", b"%d" % n) for n in range(count)]
+
+
+async def test_batches_arriving_during_a_round_go_together_in_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = Post()
+    answered: dict[str, int] = {}
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+
+        async def send(job: str, count: int, after: float) -> None:
+            await trio.sleep(after)
+            answered[job] = len(await convoy.send(batch(job, count)))
+
+        nursery.start_soon(send, "a", 2, 0.0)
+        nursery.start_soon(send, "b", 1, 0.0)
+        nursery.start_soon(send, "c", 3, 0.5)  # while a and b are on the wire
+        nursery.start_soon(send, "d", 1, 0.7)
+    assert [len(r) for r in post.rounds] == [3, 4]
+    assert {url.rsplit("/", 1)[1] for url, _ in post.rounds[1]} == {"c", "d"}
+    assert answered == {"a": 2, "b": 1, "c": 3, "d": 1}
+
+
+async def test_a_round_stops_boarding_at_its_size_but_always_takes_one_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = Post()
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+        nursery.start_soon(convoy.send, batch("first", 1))
+        # In this order, while the first round is on the wire:
+        for job, count in (("big", ROUND_REQUESTS + 10), ("x", 100), ("y", 100), ("z", 100)):
+            await trio.sleep(0.1)
+            nursery.start_soon(convoy.send, batch(job, count))
+    # The oversized batch alone; then x and y fill a round, z waits for the next.
+    assert [len(r) for r in post.rounds] == [1, ROUND_REQUESTS + 10, 200, 100]
+
+
+async def test_a_batch_given_up_before_it_boards_is_never_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = Post()
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+        nursery.start_soon(convoy.send, batch("a", 1))
+        await trio.sleep(0.1)  # a's round is on the wire
+        with trio.move_on_after(0.2):
+            await convoy.send(batch("gone", 1))
+        assert len(await convoy.send(batch("b", 1))) == 1
+    assert [[url.rsplit("/", 1)[1] for url, _ in r] for r in post.rounds] == [["a"], ["b"]]
+
+
+async def test_a_round_that_raises_answers_nothing_and_is_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    post = Post(error=RuntimeError("boom"))
+    caplog.set_level(logging.ERROR, "trio_worker")
+    answers: list[list[HttpResponse]] = []
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+
+        async def send(job: str) -> None:
+            answers.append(await convoy.send(batch(job, 2)))
+
+        nursery.start_soon(send, "a")
+        nursery.start_soon(send, "b")
+    # Nothing answered: each stream sends its chunks again on its own.
+    assert answers == [[], []]
+    [record] = caplog.records
+    assert record.getMessage() == "a round of 4 pipelined stream chunks failed"
+    assert record.exc_info is not None
+
+
+async def test_when_the_rounds_task_is_cancelled_no_sender_is_left_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = Post(hold=3600)
+    answers: list[list[HttpResponse]] = []
+    async with trio.open_nursery() as senders:
+        async with trio.open_nursery() as rounds:
+            convoy = ChunkConvoy(post, beside(rounds))
+
+            async def send(job: str) -> None:
+                answers.append(await convoy.send(batch(job, 1)))
+
+            senders.start_soon(send, "a")
+            await trio.sleep(1)
+            senders.start_soon(send, "b")  # waiting for the next round
+            await trio.sleep(1)
+            rounds.cancel_scope.cancel()
+    assert answers == [[], []]
+    assert len(post.rounds) == 1
+
+
+@pytest.mark.parametrize("place", ["none", "closed"])
+async def test_with_no_place_for_rounds_each_batch_goes_on_its_own(
+    place: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    post = Post()
+    spawn = None if place == "none" else (lambda task: False)
+    convoy = ChunkConvoy(post, spawn)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(convoy.send, batch("a", 2))
+        nursery.start_soon(convoy.send, batch("b", 1))
+    assert sorted(len(r) for r in post.rounds) == [1, 2]
+
+
+async def test_a_round_nobody_waits_for_any_more_ends_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = Post(hold=3600)
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+
+        async def give_up(job: str, after: float) -> None:
+            with trio.move_on_after(after):
+                await convoy.send(batch(job, 1))
+
+        nursery.start_soon(give_up, "a", 1.0)
+        nursery.start_soon(give_up, "b", 2.0)
+    # The round went on while b still waited, and ended when b gave up too (a shutdown
+    # past its grace is not held up by chunks nobody waits for).
+    assert trio.current_time() == pytest.approx(2.0)
+    assert len(post.rounds) == 1
+
+
+async def test_a_round_goes_on_for_those_still_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = Post(hold=3.0)
+    answered: list[int] = []
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+
+        async def send(job: str, give_up_after: float) -> None:
+            with trio.move_on_after(give_up_after):
+                answered.append(len(await convoy.send(batch(job, 2))))
+
+        nursery.start_soon(send, "stopped", 1.0)
+        nursery.start_soon(send, "kept", 60.0)
+    assert answered == [2]
+    assert trio.current_time() == pytest.approx(3.0)
