@@ -253,6 +253,19 @@ MUTATIONS: tuple[Mutation, ...] = (
         required=False,
     ),
     Mutation(
+        "abandoned-round-runs-on",
+        "_chunk_convoy.py ChunkConvoy._abandon: a round of stream chunks nobody waits for any "
+        "more is not cancelled (it holds the jobs' nursery open past a shutdown)",
+        (
+            Patch(
+                "trio_worker/_chunk_convoy.py",
+                "            self._round_scope.cancel()\n",
+                "            pass\n",
+            ),
+        ),
+        required=False,
+    ),
+    Mutation(
         "shutdown-waits-on-take",
         "_supervisor.py request_shutdown: the take in flight is not shortened",
         (
