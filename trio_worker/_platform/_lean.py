@@ -313,28 +313,26 @@ class LeanHttp:
         """
         if not requests:
             return
-        parts: list[bytes] = []
-        origin: _Origin | None = None
-        for url, body in requests:
-            this_origin, head = self._prefix(method, url)
-            if origin is None:
-                origin = this_origin
-            elif this_origin != origin:
+        # One job's batch repeats its URL: each distinct URL is split and checked once.
+        heads = {url: self._prefix(method, url) for url, _ in requests}
+        origin = heads[requests[0][0]][0]
+        for other, _ in heads.values():
+            if other != origin:
                 raise TransportError(
-                    f"cannot pipeline requests to {origin.where} and {this_origin.where} "
+                    f"cannot pipeline requests to {origin.where} and {other.where} "
                     "on one connection"
                 )
-            parts += (head, b"Content-Length: %d\r\n\r\n" % len(body), body)
-        message = b"".join(parts)
-        assert origin is not None  # requests is not empty
-        target = origin
+        message = b"".join(
+            heads[url][1] + b"Content-Length: %d\r\n\r\n" % len(body) + body
+            for url, body in requests
+        )
 
         async def exchange(connection: _Connection) -> bool:
             return await self._pipelined_exchange(
-                connection, target, method, message, len(requests), answers, max_body
+                connection, origin, method, message, len(requests), answers, max_body
             )
 
-        await self._on_a_connection(target, exchange)
+        await self._on_a_connection(origin, exchange)
 
     async def _on_a_connection(
         self, origin: _Origin, exchange: Callable[[_Connection], Awaitable[bool]]
