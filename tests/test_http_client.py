@@ -1622,6 +1622,31 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection(
     assert all(r.header("Content-Length") == str(len(r.body)) for r in server.requests[:3])
 
 
+async def test_requests_of_several_urls_go_in_one_pipeline_but_never_to_two_origins(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a") + response(b"b"))  # both answers in one write
+    server.reply()
+    server.reply(response(b"after"))
+    first, second = server.url("/job-stream/w/a"), server.url("/job-stream/w/b?x=1")
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT):
+        await client.pipeline("POST", [(first, b"1"), (second, b"2")], answers)
+        # Served after both pipelined requests: the server has recorded them.
+        assert (await client.request("GET", server.url("/after"))).body == b"after"
+    assert [a.body for a in answers] == [b"a", b"b"]
+    assert [(r.target, r.body) for r in server.requests[:2]] == [
+        ("/job-stream/w/a", b"1"),
+        ("/job-stream/w/b?x=1", b"2"),
+    ]
+    elsewhere = first.replace("127.0.0.1", "localhost", 1)
+    assert elsewhere != first
+    with pytest.raises(TransportError, match=r"cannot pipeline requests to .* on one connection"):
+        await client.pipeline("POST", [(first, b"3"), (elsewhere, b"4")], answers)
+    assert len(server.requests) == 3  # refused before anything was written
+    assert server.accepted == 1
+
+
 async def test_connection_close_ends_a_pipeline_with_the_answers_so_far(
     server: Server, client: LeanHttp
 ) -> None:

@@ -56,7 +56,6 @@ class Writes:
         self.per_write: list[int] = []
         self.jobs_per_write: list[list[str]] = []  # the job of each chunk, in order
         self.forward_only_first = forward_only_first
-
         self._written = trio.Event()
 
     def chunks_sent(self, job_id: str) -> int:
