@@ -233,19 +233,19 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "failed-request-leaks-connection",
-        "_platform/_lean.py LeanHttp._on_a_connection: a failed or cancelled request (or "
-        "pipeline) leaves its connection open",
+        "_platform/_lean.py LeanHttp.round: a failed or cancelled request (or pipelined "
+        "round) leaves its connection open",
         (
             Patch(
                 "trio_worker/_platform/_lean.py",
                 "                # request goes again on a fresh connection.\n"
-                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                await connection.aclose()\n"
                 "                continue\n"
                 "            except BaseException:\n"
-                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                await connection.aclose()\n"
                 "                raise",
                 "                # request goes again on a fresh connection.\n"
-                "                await trio.aclose_forcefully(connection.stream)\n"
+                "                await connection.aclose()\n"
                 "                continue\n"
                 "            except BaseException:\n                raise",
             ),

@@ -29,7 +29,7 @@ from trio_worker._platform._heartbeat import (
     ping_params,
     ping_url,
 )
-from trio_worker._platform._http import HttpxHttp
+from trio_worker._platform._http import HttpxHttp, LeanHttp
 from trio_worker._platform._tls import trust_context
 from trio_worker._version import __version__
 
@@ -281,6 +281,62 @@ def test_thread_keeps_the_ping_templates_query() -> None:
     assert first.job_ids == "a"
 
 
+class DrippingPingServer(PingServer):
+    """Answers the first ping with a head, then a byte of its body every 0.2 s (each read
+    well within any per-read timeout), for as long as the client listens."""
+
+    def __init__(self) -> None:
+        self.ended = threading.Event()
+        dripped = self.dripped = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with server.changed:
+                    server.pings.append(Ping(time.monotonic(), self.path, {}, None))
+                    server.changed.notify_all()
+                self.send_response(200)
+                if dripped.is_set():
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                dripped.set()
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    while not server.ended.wait(0.2):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.pings = []
+        self.changed = threading.Condition()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/ping/w1"
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        self.ended.set()
+        super().__exit__(*exc)
+
+
+def test_a_dripping_ping_answer_is_cut_at_its_deadline(caplog: pytest.LogCaptureFixture) -> None:
+    # Regression: on httpx, whose timeout is per read, one answer dripping a byte every
+    # 1.5 s silenced the heartbeat for 30 s while a job was held. A ping's deadline is for
+    # the whole of it: the next ping goes out when due, on a connection of its own.
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    dripping = DrippingPingServer()
+    with dripping as server, pinging(server.url, Held("held")):
+        server.wait_for(lambda pings: len(pings) >= 3)
+    assert dripping.dripped.is_set()
+    assert any("no whole answer within" in r.getMessage() for r in caplog.records)
+
+
 # --- heartbeat_task (virtual time) --------------------------------------------------------
 
 
@@ -508,13 +564,14 @@ async def test_heartbeat_task_bounds_its_url(autojump_clock: trio.testing.MockCl
     assert all(MAX_PING_URL_BYTES - 100 < n <= MAX_PING_URL_BYTES for n in lengths)
 
 
-def test_the_thread_and_the_lean_client_share_one_trust_store() -> None:
-    pinger = HeartbeatThread("http://p.test/ping", KEY, 1.0, Held())
+async def test_the_thread_runs_the_lean_client_with_the_one_trust_store() -> None:
+    pinger = HeartbeatThread("https://p.test/ping", KEY, 1.0, Held())
+    backend = pinger.make_backend()
     try:
-        pool = pinger._client._transport._pool  # type: ignore[attr-defined]
-        assert pool._ssl_context is trust_context()
+        assert isinstance(backend, LeanHttp)
+        assert backend.ssl_context is trust_context()
     finally:
-        pinger.stop()
+        await backend.aclose()
 
 
 def test_a_key_that_cannot_be_sent_is_refused_without_showing_it() -> None:

@@ -30,6 +30,7 @@ import trustme
 from trio_worker import ConfigurationError, TransportError
 from trio_worker._config import MAX_ANSWER_BYTES
 from trio_worker._platform import _lean as lean_module
+from trio_worker._platform import _reading as reading_module
 from trio_worker._platform._answer import parse_simple_answer
 from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
@@ -1756,7 +1757,7 @@ async def test_answers_dripping_in_byte_by_byte_are_read_whole_by_h11(
         calls += 1
         return parse_simple_answer(*args)
 
-    monkeypatch.setattr(lean_module, "parse_simple_answer", counted)
+    monkeypatch.setattr(reading_module, "parse_simple_answer", counted)
     wire = response(b"a") + response(b"bb", "503 Busy") + response(b"ccc")
     server.reply(*split(wire, 1), pause=0.0005)
     server.reply()
@@ -1768,7 +1769,7 @@ async def test_answers_dripping_in_byte_by_byte_are_read_whole_by_h11(
     # fifth call hands everything to h11; a machine slow enough to let bytes gather
     # between reads may finish an answer or two by the fast path first. The fast path
     # alone would make one call per read: about 125 here.
-    assert calls <= 3 * (lean_module.FAST_READS + 1)
+    assert calls <= 3 * (reading_module.FAST_READS + 1)
 
 
 async def test_bytes_past_the_last_pipelined_answer_end_the_connection(

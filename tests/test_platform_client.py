@@ -29,7 +29,9 @@ from trio_worker._platform._client import (
     PlatformClient,
     ReportOutcome,
     backoff_delay,
+    retry_after,
 )
+from trio_worker._platform._http import HttpResponse
 
 H = "http://platform.test/v2/ep1"
 KEY = "rpa_SECRET_KEY_123"
@@ -189,7 +191,16 @@ async def test_take_non_json_answer_is_garbled() -> None:
 
 @pytest.mark.parametrize(
     ("header", "expected"),
-    [("7", 7.0), ("0.5", 0.5), ("120", 60.0), ("-3", 0.0), ("soon", None), (None, None)],
+    [
+        ("7", 7.0),
+        ("0.5", 0.5),
+        ("120", 60.0),
+        ("-3", None),
+        ("nan", None),
+        ("inf", None),
+        ("soon", None),
+        (None, None),
+    ],
 )
 async def test_429_raises_rate_limited_honouring_retry_after(
     header: str | None, expected: float | None
@@ -207,6 +218,39 @@ async def test_429_raises_rate_limited_honouring_retry_after(
     assert isinstance(single.value, PlatformError)
     assert single.value.route == "take"
     assert batch.value.route == "take_batch"
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("7", 7.0),
+        (" 7 ", 7.0),
+        ("0", 0.0),
+        ("0.5", 0.5),
+        ("3600", 3600.0),  # no cap here: each route has its own
+        ("-3", None),
+        ("-0.5", None),
+        ("nan", None),
+        ("inf", None),
+        ("-inf", None),
+        ("1e400", None),
+        ("soon", None),
+        ("", None),
+        ("Wed, 21 Oct 2015 07:28:00", None),  # a date without its zone
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # long past: no wait
+        (None, None),
+    ],
+)
+def test_one_retry_after_parser(header: str | None, expected: float | None) -> None:
+    headers = {} if header is None else {"retry-after": header}
+    assert retry_after(HttpResponse(503, headers, b"")) == expected
+
+
+def test_retry_after_as_a_future_http_date() -> None:
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    seconds = retry_after(HttpResponse(429, {"retry-after": when}, b""))
+    assert seconds is not None
+    assert 25 < seconds <= 30
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 401, 403, 404, 409, 301])

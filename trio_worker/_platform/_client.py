@@ -52,14 +52,14 @@ def is_retryable(status: int) -> bool:
     return status >= 500 or status in (408, 429)
 
 
-def _retry_after(response: HttpResponse, default: float) -> float:
-    raw = response.headers.get("retry-after")
-    if raw is None:
-        return default
-    try:
-        return max(0.0, min(float(raw), 60.0))
-    except ValueError:
-        return default
+# A take or stop paused by a 429 waits at most this long (a report's wait is bounded by
+# its budget instead).
+POLL_RETRY_AFTER_CAP = 60.0
+
+
+def _poll_pause(response: HttpResponse, default: float) -> float:
+    asked = retry_after(response)
+    return default if asked is None else min(asked, POLL_RETRY_AFTER_CAP)
 
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
@@ -135,7 +135,7 @@ class PlatformClient:
         if status in (204, 400):
             return TakeResponse()
         if status == 429:
-            raise RateLimited(route, _retry_after(response, self.timings.rate_limit_pause))
+            raise RateLimited(route, _poll_pause(response, self.timings.rate_limit_pause))
         if not 200 <= status < 300:
             raise PlatformError(route, status)
         return parse_take(status, response.headers.get("content-type", ""), response.body)
@@ -154,7 +154,7 @@ class PlatformClient:
         if status == 204:
             return []
         if status == 429:
-            raise RateLimited("stop", _retry_after(response, self.timings.rate_limit_pause))
+            raise RateLimited("stop", _poll_pause(response, self.timings.rate_limit_pause))
         if not 200 <= status < 300:
             raise PlatformError("stop", status)
         ids, warning = parse_stop(response.headers.get("content-type", ""), response.body)
@@ -267,7 +267,7 @@ class PlatformClient:
         else:
             outcome.last_error = f"HTTP {status}"
             if status == 429 or status == 503:
-                outcome.retry_after = report_retry_after(response)
+                outcome.retry_after = retry_after(response)
         return status
 
     def _retry_delay(self, outcome: ReportOutcome, bound: float) -> float:
@@ -295,9 +295,14 @@ class ReportOutcome:
     retry_after: float | None = field(default=None, repr=False)
 
 
-def report_retry_after(response: HttpResponse) -> float | None:
-    """The wait a 429 or 503 asks for, in seconds (delta-seconds or an HTTP date); None
-    when absent or unreadable. Unlike take and stop, no cap: the budget bounds it."""
+def retry_after(response: HttpResponse) -> float | None:
+    """The wait an answer's ``Retry-After`` asks for, in seconds: the one parser of that
+    header for every route (what a route then does with it, floor or cap, is its own).
+
+    Delta-seconds (a fraction is taken too) or an HTTP date (one already past asks for
+    no wait). None when the header is absent or invalid: negative, not finite, garbage,
+    a date without a zone.
+    """
     raw = response.headers.get("retry-after")
     if raw is None:
         return None
@@ -311,10 +316,14 @@ def report_retry_after(response: HttpResponse) -> float | None:
             return None
         if when.tzinfo is None:
             return None
-        seconds = when.timestamp() - time.time()
-    if not math.isfinite(seconds):
+        seconds = max(0.0, when.timestamp() - time.time())
+    if not math.isfinite(seconds) or seconds < 0:
         return None
-    return max(0.0, seconds)
+    return seconds
+
+
+#: The former name of :func:`retry_after`, kept for callers not moved yet.
+report_retry_after = retry_after
 
 
 def _worth_logging(attempt: int) -> bool:

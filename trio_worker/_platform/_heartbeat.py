@@ -4,10 +4,18 @@ See docs/protocol.md §2.6.
 
 It runs in a daemon thread of its own, not in the event loop, so a handler that blocks the
 loop does not silence it, and not in a second process, so it can never outlive the worker
-and report a dead worker as alive (docs/protocol.md §8 item 16). The cadence is fixed-rate (each
-ping is due one interval after the previous one was due), so a slow ping does not stretch
-the gap (item 18). The held ids are read from the ledger's snapshot tuple, which the event
-loop replaces atomically, so no lock is needed.
+and report a dead worker as alive (docs/protocol.md §8 item 16). The thread runs a trio
+loop of its own that drives the worker's one HTTP client (:func:`~._http.make_backend`: the
+lean client, or httpx behind a proxy) on a connection of its own, so a ping is read by the
+same parser, under the same reuse rule, as every other request.
+
+Each ping has one deadline for the whole of it (connect, write, the whole answer): the
+moment the next ping is due. An answer that drips a byte at a time is cut there, and the
+next ping goes out on time (a timeout per read would let it hold the heartbeat for as long
+as the bytes keep coming). The cadence is fixed-rate (each ping is due one interval after
+the previous one was due), so a slow ping does not stretch the gap (item 18). The held ids
+are read from the ledger's snapshot tuple, which the event loop replaces atomically, so no
+lock is needed. Nothing ends the thread but :meth:`HeartbeatThread.stop`.
 
 For the virtual-time suite, :func:`heartbeat_task` runs the same pings as a trio task.
 """
@@ -16,20 +24,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import quote_plus, urlencode
 
-import httpx
 import trio
 
 from .._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES, with_query
-from .._exceptions import TransportError
 from .._version import __version__
-from ._lean import check_headers
-from ._quiet import own_request
-from ._tls import trust_context
+from ._http import make_backend
+from ._request import check_headers
 
 if TYPE_CHECKING:
     from ._http import HttpBackend
@@ -99,79 +103,128 @@ class PingUrls:
         return ping_url(self._template, tuple(chosen))
 
 
+class Pinger:
+    """The pings themselves, on whichever loop runs :meth:`run`; *sent* counts those
+    answered."""
+
+    def __init__(self, url: str, interval: float, held: HeldIds) -> None:
+        self.urls = PingUrls(url)
+        self.interval = interval
+        self.held = held
+        self.sent = 0
+
+    async def ping_once(self, backend: HttpBackend) -> None:
+        # Whatever one ping raises (a bad URL, a bug), the next one is still due: a
+        # silent heartbeat gets the worker's jobs handed to another worker.
+        try:
+            url = self.urls(self.held())
+            # One deadline for the whole ping: when the next one is due.
+            with trio.move_on_after(self.interval) as scope:
+                await backend.request("GET", url, max_body=MAX_ANSWER_BYTES)
+            if scope.cancelled_caught:
+                log.warning("ping failed: no whole answer within %.2fs", self.interval)
+            else:
+                self.sent += 1
+        except Exception as exc:
+            log.warning("ping failed: %s: %s", type(exc).__name__, str(exc))
+
+    async def run(self, backend: HttpBackend, stopped: trio.Event | None = None) -> None:
+        """Ping at a fixed rate until cancelled, or until *stopped* is set (a ping in
+        flight then ends first, within its deadline)."""
+        due = trio.current_time()
+        while stopped is None or not stopped.is_set():
+            await self.ping_once(backend)
+            due = max(due + self.interval, trio.current_time())  # fell behind: now
+            if stopped is None:
+                await trio.sleep_until(due)
+            else:
+                with trio.move_on_at(due):
+                    await stopped.wait()
+
+
 class HeartbeatThread:
-    """Pings from a daemon thread until :meth:`stop`."""
+    """Pings from a daemon thread, on a trio loop of its own, until :meth:`stop`."""
 
     def __init__(self, url: str, api_key: str, interval: float, held: HeldIds) -> None:
-        check_headers({"Authorization": api_key})
-        self._urls = PingUrls(url)
-        self._interval = interval
-        self._held = held
+        self._headers = {"Authorization": api_key}
+        check_headers(self._headers)
+        self._pinger = Pinger(url, interval, held)
         self._stopping = threading.Event()
-        self._client = httpx.Client(
-            headers={"Authorization": api_key},
-            # A ping that takes longer than two intervals is worth less than the next one.
-            timeout=httpx.Timeout(max(2 * interval, 1.0)),
-            verify=trust_context(),  # the worker's one trust store
-        )
+        self._cancel: Callable[[], None] | None = None  # ends the loop, from any thread
         self._thread = threading.Thread(
             target=self._loop, name="trio_worker heartbeat", daemon=True
         )
-        self.sent = 0
+
+    def __repr__(self) -> str:
+        state = "stopping" if self._stopping.is_set() else "pinging"
+        return f"<HeartbeatThread {state}, {self.sent} answered, every {self._pinger.interval}s>"
+
+    @property
+    def sent(self) -> int:
+        return self._pinger.sent
+
+    def make_backend(self) -> HttpBackend:
+        """The thread's own client (its own connection): one per trio loop."""
+        return make_backend(self._headers)
 
     def start(self) -> None:
         self._thread.start()
 
-    @own_request  # closing the client logs too
     def stop(self) -> None:
         """Stop pinging; returns at once even with a ping hung in flight."""
         self._stopping.set()
+        cancel = self._cancel
+        if cancel is not None:
+            cancel()
         # A hung ping must not delay the exit: the thread is a daemon, it ends with the
-        # process. Its client is closed only when no ping is in flight on it.
+        # process.
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=0.1)
-        if not self._thread.is_alive():
-            self._client.close()
 
-    @own_request
     def ping_now(self) -> None:
-        # Whatever one ping raises (httpx, a bad URL, a bug), the next one is still due:
-        # a silent heartbeat gets the worker's jobs handed to another worker.
-        try:
-            with self._client.stream("GET", self._urls(self._held())) as response:
-                size = 0
-                for chunk in response.iter_raw():  # the answer is ignored, but bounded
-                    size += len(chunk)
-                    if size > MAX_ANSWER_BYTES:
-                        raise TransportError(f"ping answer over {MAX_ANSWER_BYTES} bytes, not read")
-            self.sent += 1
-        except Exception as exc:
-            log.warning("ping failed: %s: %s", type(exc).__name__, str(exc))
+        """One ping, on a loop and a connection of its own (for tests and tools)."""
+
+        async def once() -> None:
+            backend = self.make_backend()
+            try:
+                await self._pinger.ping_once(backend)
+            finally:
+                await backend.aclose()
+
+        trio.run(once)
 
     def _loop(self) -> None:
-        due = time.monotonic()
         while not self._stopping.is_set():
             try:
-                self.ping_now()
+                trio.run(self._serve)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException:
                 # Nothing may end this thread but stop(): its death would be silent.
                 log.exception("heartbeat: unexpected error; the next ping still goes out")
-            due += self._interval
-            now = time.monotonic()
-            if due < now:
-                # Fell behind (a slow ping): ping again now rather than in a burst.
-                due = now
-            self._stopping.wait(due - now)
+                self._stopping.wait(self._pinger.interval)
+
+    async def _serve(self) -> None:
+        backend = self.make_backend()
+        token = trio.lowlevel.current_trio_token()
+        stopped = trio.Event()
+
+        def stop() -> None:
+            try:
+                token.run_sync_soon(stopped.set)
+            except trio.RunFinishedError:
+                pass
+
+        self._cancel = stop
+        if self._stopping.is_set():  # stop() came before the line above
+            stopped.set()
+        try:
+            await self._pinger.run(backend, stopped)
+        finally:
+            self._cancel = None
+            await backend.aclose()
 
 
 async def heartbeat_task(client: HttpBackend, url: str, interval: float, held: HeldIds) -> None:
     """The same pings as :class:`HeartbeatThread`, as a trio task on trio's clock."""
-    urls = PingUrls(url)
-    while True:
-        try:
-            await client.request("GET", urls(held()), max_body=MAX_ANSWER_BYTES)
-        except Exception as exc:
-            log.warning("ping failed: %s: %s", type(exc).__name__, str(exc))
-        await trio.sleep(interval)
+    await Pinger(url, interval, held).run(client)

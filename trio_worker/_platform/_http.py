@@ -33,15 +33,11 @@ import httpx
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
 from .._exceptions import TransportError
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT
-from ._lean import (
-    RECEIVE_SIZE,
-    HttpResponse,
-    LeanHttp,
-    StreamOpener,
-    check_headers,
-    check_size,
-)
+from ._connection import RECEIVE_SIZE
+from ._lean import LeanHttp, StreamOpener
 from ._quiet import own_request_async
+from ._reading import HttpResponse
+from ._request import check_headers, check_size
 from ._tls import trust_context
 
 if TYPE_CHECKING:
@@ -91,8 +87,9 @@ class PipeliningBackend(HttpBackend, Protocol):
         answers: list[HttpResponse],
         *,
         max_body: int = MAX_ANSWER_BYTES,
+        keep_body: int | None = None,
     ) -> None:
-        """See :meth:`LeanHttp.pipeline`."""
+        """See :meth:`LeanHttp.round`."""
         ...
 
 
@@ -134,7 +131,7 @@ class HttpxHttp:
 def make_backend(
     headers: Mapping[str, str],
     *,
-    transport: httpx.AsyncBaseTransport | None,
+    transport: httpx.AsyncBaseTransport | None = None,
     open_stream: StreamOpener | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     environ: Mapping[str, str] | None = None,

@@ -1,0 +1,214 @@
+"""One kept-alive HTTP/1.1 connection of the lean client, and its named state.
+
+Theory of operation. A connection is in one of three phases:
+
+- ``IDLE``: in the pool, no request on it. It is taken for a request only when it is
+  *quiet*: no byte waits on its socket (:meth:`Connection.is_quiet`, the check httpcore
+  makes before reusing a connection). An idle connection has nothing to say: a byte on it
+  is an answer nobody asked for (a proxy's, a server's unsolicited 408 before it closes)
+  or the server's close, and either way the connection is closed, never read as the next
+  request's answer.
+- ``EXCHANGING``: one request, or one pipelined round, written, its answers being read.
+  What the current answer has received so far lives in one :class:`AnswerProgress`,
+  replaced whole at each answer, never reset field by field.
+- ``CLOSED``: closed by us (after a failure, a cancellation, an answer that ended it, or
+  anything unasked-for); never used again.
+
+A connection that carried earlier requests and answers nothing at all to a new one is
+*stale* (the server closed it while idle, after the quiet check): the request goes again
+on a fresh connection (:class:`StaleConnection`), because nothing of it was processed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import select
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import h11
+import trio
+
+from .._exceptions import TransportError
+from ._answer import MAX_HEADER_BYTES
+from ._request import size_text
+
+if TYPE_CHECKING:
+    import socket
+    from collections.abc import Iterator
+
+    from ._request import Origin
+
+RECEIVE_SIZE = 65536
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    EXCHANGING = "exchanging"
+    CLOSED = "closed"
+
+
+class StaleConnection(Exception):
+    """A kept-alive connection the server had already closed; retry on a fresh one."""
+
+
+@dataclass
+class AnswerProgress:
+    """What the answer being read has received so far."""
+
+    received: int = 0  # bytes of this answer (its head's bound counts these)
+    head: bool = False  # its final head arrived
+    eof: bool = False  # the server closed its side during it
+
+
+@dataclass(eq=False)
+class Connection:
+    stream: trio.abc.Stream
+    origin: Origin
+    protocol: h11.Connection = field(default_factory=lambda: new_protocol())
+    phase: Phase = Phase.IDLE
+    exchanges: int = 0  # requests (or pipelined rounds) written on it, the current included
+    answered: bool = False  # a byte of the current exchange's answers arrived
+    answer: AnswerProgress = field(default_factory=AnswerProgress)
+
+    def __repr__(self) -> str:
+        answer = self.answer
+        detail = (
+            f", answer at {answer.received} bytes{', head read' if answer.head else ''}"
+            f"{', closed by the server' if answer.eof else ''}"
+            if self.phase is Phase.EXCHANGING
+            else ""
+        )
+        return (
+            f"<Connection to {self.origin.where} {self.phase.value}, "
+            f"{self.exchanges} exchange(s){detail}>"
+        )
+
+    @property
+    def stale(self) -> bool:
+        return self.exchanges > 1 and not self.answered
+
+    def begin_exchange(self) -> None:
+        assert self.phase is Phase.IDLE, self
+        self.phase = Phase.EXCHANGING
+        self.exchanges += 1
+        self.answered = False
+        self.answer = AnswerProgress()
+
+    def begin_answer(self, received: int = 0) -> None:
+        """A new answer of this exchange starts, *received* of its bytes already here."""
+        self.answer = AnswerProgress(received=received)
+
+    def end_exchange(self) -> bool:
+        """Back to idle when h11 says both sides may go on and nothing unasked-for came;
+        whether it did (else the connection must be closed)."""
+        protocol = self.protocol
+        if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
+            if protocol.our_state is not h11.IDLE or protocol.their_state is not h11.IDLE:
+                return False  # Connection: close, HTTP/1.0, a body delimited by the close
+        extra, closed = protocol.trailing_data
+        if extra or closed:
+            # Bytes past the answer (the stream is out of step), or the server's close
+            # (which h11 reports only on the next read).
+            return False
+        if protocol.our_state is h11.DONE:
+            protocol.start_next_cycle()
+        self.phase = Phase.IDLE
+        return True
+
+    async def aclose(self) -> None:
+        """Close it; the stream is closed even when cancelled (raised afterwards)."""
+        self.phase = Phase.CLOSED
+        await trio.aclose_forcefully(self.stream)
+
+    def is_quiet(self) -> bool:
+        """Whether no byte (nor the server's close) waits on this idle connection's socket.
+
+        A stream without a socket of its own (an in-memory one) cannot be asked, and is
+        taken as quiet.
+        """
+        sock = _raw_socket(self.stream)
+        return sock is None or not _readable(sock)
+
+    async def next_event(self) -> object:
+        """h11's next event, reading from the stream as long as it needs more."""
+        while True:
+            event = self.protocol.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            await self.receive()
+
+    async def receive(self) -> None:
+        """Hand h11 the next bytes of the stream (b"": the server closed its side)."""
+        data = await self.stream.receive_some(RECEIVE_SIZE)
+        if data:
+            self.answered = True
+            self.answer.received += len(data)
+        elif self.stale:
+            raise StaleConnection
+        else:
+            self.answer.eof = True
+        # h11 is typed for bytes; memory streams may hand out a bytearray.
+        self.protocol.receive_data(data if type(data) is bytes else bytes(data))
+
+    @contextlib.contextmanager
+    def failures_mapped(self) -> Iterator[None]:
+        """A failed stream, or h11's verdict on an answer, as the package's own error; a
+        stale kept-alive connection as :class:`StaleConnection` (the request goes again)."""
+        try:
+            yield
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if self.stale:
+                raise StaleConnection from exc
+            raise TransportError(f"connection lost with {self.origin.where}: {exc!r}") from exc
+        except h11.ProtocolError as exc:
+            raise self._protocol_failure(exc) from exc
+
+    def _protocol_failure(self, exc: h11.ProtocolError) -> TransportError:
+        where = self.origin.where
+        if exc.error_status_hint == 431:  # h11's "Receive buffer too long"
+            return head_too_large(self.origin)
+        if self.answer.eof and not self.answer.head:
+            return TransportError(f"{where} closed the connection before answering in full")
+        text = str(exc)
+        text = text if len(text) <= 200 else text[:200] + "..."
+        if self.answer.eof:
+            return TransportError(f"{where} closed the connection early: {text}")
+        return TransportError(f"malformed answer from {where}: {text}")
+
+
+def new_protocol() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
+
+
+def head_too_large(origin: Origin) -> TransportError:
+    return TransportError(
+        f"answer from {origin.where}: response head too large (over {size_text(MAX_HEADER_BYTES)})"
+    )
+
+
+def _raw_socket(stream: trio.abc.Stream) -> socket.socket | trio.socket.SocketType | None:
+    """The socket under *stream* (a TCP stream, or TLS over one), if any."""
+    inner: object = stream
+    for _ in range(4):
+        sock = getattr(inner, "socket", None)
+        if sock is not None:
+            return sock  # type: ignore[no-any-return]
+        inner = getattr(inner, "transport_stream", None)
+        if inner is None:
+            return None
+    return None
+
+
+def _readable(sock: socket.socket | trio.socket.SocketType) -> bool:
+    """httpcore's ``is_socket_readable``: a zero-timeout poll of the socket."""
+    fd = sock.fileno()
+    if fd < 0:
+        return True  # closed under us: not usable
+    if not hasattr(select, "poll"):  # pragma: no cover - Windows
+        readable, _, _ = select.select([fd], [], [], 0)
+        return bool(readable)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
