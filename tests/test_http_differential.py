@@ -10,7 +10,7 @@ client must accept exactly what h11 accepts (same status, same body) and turn ev
 else into a :class:`~trio_worker.TransportError`.
 
 The answers stay within the client's own bounds (head size, field count, body size), which
-h11 does not have; those are tested in tests/test_http_client.py.
+h11 does not have; those are tested in tests/test_http_framing.py.
 """
 
 from __future__ import annotations

@@ -1,0 +1,244 @@
+"""Pipelined rounds of the lean client (stream chunks, docs/protocol.md §2.4), over real
+loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from trio_worker import TransportError
+from trio_worker._platform import _reading as reading_module
+from trio_worker._platform._answer import parse_simple_answer
+from trio_worker._platform._http import (
+    HttpResponse,
+    LeanHttp,
+)
+
+from .scripted_server import (
+    TIMEOUT,
+    Server,
+    assert_no_resource_warning,
+    client_fixture,  # noqa: F401 (a fixture)
+    response,
+    server_fixture,  # noqa: F401 (a fixture)
+    split,
+)
+
+pytestmark = pytest.mark.timeout(20)
+
+# --------------------------------------------------------------------------------------
+# Pipelining (stream chunks, docs/protocol.md §2.4)
+# --------------------------------------------------------------------------------------
+
+BODIES = [b'{"output": 0}', b'{"output": 1}', b'{"output": 2}']
+
+
+def to(url: str, bodies: list[bytes]) -> list[tuple[str, bytes]]:
+    return [(url, body) for body in bodies]
+
+
+async def pipeline(
+    client: LeanHttp, server: Server, bodies: list[bytes] = BODIES
+) -> list[HttpResponse]:
+    answers: list[HttpResponse] = []
+    await client.pipeline("POST", to(server.url("/job-stream/w/j?x=1"), bodies), answers)
+    return answers
+
+
+async def test_pipelined_requests_are_answered_in_order_on_one_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    # All three answers in one write: each must be cut at its own end.
+    server.reply(response(b"a") + response(b"b", "503 Busy") + response(b"c", "201 Created"))
+    server.reply()
+    server.reply()
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        after = await client.request("GET", server.url("/after"))
+    assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"b"), (201, b"c")]
+    assert after.body == b"after"
+    assert server.accepted == 1  # kept alive, and reused
+    assert [(r.method, r.target, r.body) for r in server.requests[:3]] == [
+        ("POST", "/job-stream/w/j?x=1", body) for body in BODIES
+    ]
+    assert all(r.header("Content-Length") == str(len(r.body)) for r in server.requests[:3])
+
+
+async def test_requests_of_several_urls_go_in_one_pipeline_but_never_to_two_origins(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a") + response(b"b"))  # both answers in one write
+    server.reply()
+    server.reply(response(b"after"))
+    first, second = server.url("/job-stream/w/a"), server.url("/job-stream/w/b?x=1")
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT):
+        await client.pipeline("POST", [(first, b"1"), (second, b"2")], answers)
+        # Served after both pipelined requests: the server has recorded them.
+        assert (await client.request("GET", server.url("/after"))).body == b"after"
+    assert [a.body for a in answers] == [b"a", b"b"]
+    assert [(r.target, r.body) for r in server.requests[:2]] == [
+        ("/job-stream/w/a", b"1"),
+        ("/job-stream/w/b?x=1", b"2"),
+    ]
+    elsewhere = first.replace("127.0.0.1", "localhost", 1)
+    assert elsewhere != first
+    with pytest.raises(TransportError, match=r"cannot pipeline requests to .* on one connection"):
+        await client.pipeline("POST", [(first, b"3"), (elsewhere, b"4")], answers)
+    assert len(server.requests) == 3  # refused before anything was written
+    assert server.accepted == 1
+
+
+async def test_connection_close_ends_a_pipeline_with_the_answers_so_far(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a", headers=("Connection: close",)), then="close")
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="after 1 of 3 pipelined"):
+        await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
+    assert [a.body for a in answers] == [b"a"]
+
+
+@pytest.mark.parametrize(
+    "second", [b"HTTP/1.1 2OO OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab"]
+)
+async def test_a_bad_answer_mid_pipeline_keeps_the_earlier_answers(
+    server: Server, client: LeanHttp, second: bytes
+) -> None:
+    server.reply(response(b"a"))
+    server.reply(second, then="close")
+    server.reply(response(b"fresh"))
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(TransportError):
+            await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
+        assert [a.body for a in answers] == [b"a"]
+        # The broken connection was not pooled.
+        assert (await client.request("GET", server.url("/next"))).body == b"fresh"
+    assert server.accepted == 2
+
+
+async def test_a_stale_connection_sends_the_whole_batch_again_once(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"warm"))
+    for body in (b"a", b"b", b"c"):
+        server.reply(response(body))
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/warm"))).body == b"warm"
+        idle = server.peers[0]
+        await idle.close()
+        await idle.done.wait()
+        answers = await pipeline(client, server)
+    assert [a.body for a in answers] == [b"a", b"b", b"c"]
+    # Nothing reached the closed connection; each body reached the fresh one once.
+    assert [(r.connection, r.body) for r in server.requests[1:]] == [(1, b) for b in BODIES]
+
+
+async def test_a_close_after_some_answers_is_never_taken_for_a_stale_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"warm"))
+    server.reply(response(b"a"), then="close")  # no "Connection: close": just gone
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/warm"))).body == b"warm"
+        answers: list[HttpResponse] = []
+        with pytest.raises(TransportError):
+            await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
+    assert [a.body for a in answers] == [b"a"]
+    # Processed requests were not sent again: what followed the answered one is the
+    # caller's to send again, not the client's.
+    assert server.accepted == 1
+
+
+async def test_a_cancelled_pipeline_keeps_its_answers_and_closes_its_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a"))
+    server.reply(b"", response(b"b"), pause=10.0)  # far too late
+    server.reply(response(b"after"))
+    answers: list[HttpResponse] = []
+    with trio.move_on_after(0.05) as scope:
+        await client.pipeline("POST", to(server.url("/s"), BODIES[:2]), answers)
+    assert scope.cancelled_caught
+    assert [a.body for a in answers] == [b"a"]
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/after"))).body == b"after"
+    assert server.accepted == 2  # the cut connection was closed, not pooled
+    assert_no_resource_warning()
+
+
+async def test_an_answer_h11_must_read_mid_pipeline_hands_it_the_rest(
+    server: Server, client: LeanHttp
+) -> None:
+    # The second answer is chunked (not the plain shape): h11 reads it and the third.
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nbb\r\n0\r\n\r\n"
+    server.reply(response(b"a") + chunked + response(b"c", "429 Too Many", ("Retry-After: 3",)))
+    server.reply()
+    server.reply()
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        after = await client.request("GET", server.url("/after"))
+    assert [(a.status, a.body) for a in answers] == [(200, b"a"), (200, b"bb"), (429, b"c")]
+    assert answers[2].headers["retry-after"] == "3"
+    assert after.body == b"after"
+    assert server.accepted == 1  # h11 found both sides done: reused
+
+
+async def test_answers_dripping_in_byte_by_byte_are_read_whole_by_h11(
+    server: Server, client: LeanHttp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fast path re-reads an unfinished head at every call: after a few reads the
+    # bytes go to h11, or a head dripping in would be parsed once per byte.
+    calls = 0
+
+    def counted(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return parse_simple_answer(*args)
+
+    monkeypatch.setattr(reading_module, "parse_simple_answer", counted)
+    wire = response(b"a") + response(b"bb", "503 Busy") + response(b"ccc")
+    server.reply(*split(wire, 1), pause=0.0005)
+    server.reply()
+    server.reply()
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+    assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"bb"), (200, b"ccc")]
+    # At most FAST_READS + 1 calls an answer: with one byte a read, the first answer's
+    # fifth call hands everything to h11; a machine slow enough to let bytes gather
+    # between reads may finish an answer or two by the fast path first. The fast path
+    # alone would make one call per read: about 125 here.
+    assert calls <= 3 * (reading_module.FAST_READS + 1)
+
+
+async def test_bytes_past_the_last_pipelined_answer_end_the_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"a") + response(b"b") + response(b"c") + b"HTTP/1.1 200 OK\r\n")
+    server.reply()
+    server.reply()
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        fresh = await client.request("GET", server.url("/next"))
+    assert [a.body for a in answers] == [b"a", b"b", b"c"]
+    assert fresh.body == b"fresh"
+    assert server.accepted == 2  # out of step: not pooled
+
+
+@pytest.mark.parametrize("cut", [0, 5, 40])
+async def test_a_close_inside_a_pipelined_answer_says_so(
+    server: Server, client: LeanHttp, cut: int
+) -> None:
+    server.reply(response(b"a") + response(b"bbbbbbbbbb")[:cut], then="close")
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError) as caught:
+        await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
+    assert [a.body for a in answers] == [b"a"]
+    want = "after 1 of 3 pipelined" if cut == 0 else "before answering in full"
+    assert want in str(caught.value)
