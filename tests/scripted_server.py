@@ -230,3 +230,29 @@ def assert_no_resource_warning() -> None:
         gc.collect()
     leaks = [w for w in caught if issubclass(w.category, ResourceWarning)]
     assert not leaks, [str(w.message) for w in leaks]
+
+
+class StrayAnswer:
+    """A script: after the first *after* requests of the first connection are answered,
+    and once the test says the client has those answers (:attr:`answers_read`), the
+    server sends *stray*, an answer nobody asked for (a proxy's, or an unsolicited 408
+    before a close), and keeps the connection open."""
+
+    def __init__(self, server: Server, stray: bytes, after: int = 1) -> None:
+        self.server = server
+        self.stray = stray
+        self.after = after
+        self.answers_read = trio.Event()
+        self.stray_sent = trio.Event()
+        server.handler = self.handle
+
+    async def handle(self, peer: Peer) -> None:
+        answered = 0
+        while await peer.read_request() is not None:
+            reply = self.server.replies.popleft()
+            await peer.send(reply.parts)
+            answered += 1
+            if answered == self.after and peer.index == 0:
+                await self.answers_read.wait()
+                await peer.send([self.stray])
+                self.stray_sent.set()

@@ -20,6 +20,7 @@ from .scripted_server import (
     TIMEOUT,
     Peer,
     Server,
+    StrayAnswer,
     client_fixture,  # noqa: F401 (a fixture)
     response,
     server_fixture,  # noqa: F401 (a fixture)
@@ -314,6 +315,41 @@ async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: 
         assert (await client.request("GET", server.url("/1"))).body == b"ok"
         assert (await client.request("GET", server.url("/2"))).body == b"fresh"
     assert server.accepted == 2
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [
+        response(b"", "200 OK"),
+        response(b"", "408 Request Timeout"),
+        b"HTTP/1.1 200 OK\r\n",  # the start of one
+    ],
+)
+async def test_an_answer_nobody_asked_for_on_an_idle_connection_is_never_read(
+    server: Server, client: LeanHttp, stray: bytes
+) -> None:
+    # Regression: a stray answer on an idle kept-alive connection was read as the next
+    # request's answer: job B's 503 was taken as job C's 200, so B was never stored and
+    # C was stored twice. An idle connection is used again only when it is quiet.
+    script = StrayAnswer(server, stray)
+    server.reply(response(b"A stored"))
+    server.reply(response(b"B refused", "503 Service Unavailable"))
+    server.reply(response(b"C stored"))
+    with trio.fail_after(TIMEOUT):
+        a = await client.request("POST", server.url("/job-done/w1/A"), b"{}")
+        script.answers_read.set()
+        await script.stray_sent.wait()
+        await trio.sleep(0.005)  # the stray's bytes cross loopback
+        b = await client.request("POST", server.url("/job-done/w1/B"), b"{}")
+        c = await client.request("POST", server.url("/job-done/w1/C"), b"{}")
+    assert [a.body, b.body, c.body] == [b"A stored", b"B refused", b"C stored"]
+    assert [a.status, b.status, c.status] == [200, 503, 200]
+    assert server.accepted == 2  # the spoiled connection was closed, one opened
+    assert [r.target for r in server.requests] == [
+        "/job-done/w1/A",
+        "/job-done/w1/B",
+        "/job-done/w1/C",
+    ]
 
 
 # --------------------------------------------------------------------------------------

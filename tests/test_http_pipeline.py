@@ -3,22 +3,28 @@ loopback."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import pytest
 import trio
 
 from trio_worker import TransportError
+from trio_worker._config import MAX_ANSWER_BYTES, Timings, platform_from_env
 from trio_worker._platform import _reading as reading_module
 from trio_worker._platform._answer import parse_simple_answer
+from trio_worker._platform._client import PlatformClient
 from trio_worker._platform._http import (
     HttpResponse,
     LeanHttp,
 )
 
 from .scripted_server import (
+    STATIC_HEADERS,
     TIMEOUT,
+    Reply,
     Server,
+    StrayAnswer,
     assert_no_resource_warning,
     client_fixture,  # noqa: F401 (a fixture)
     response,
@@ -242,3 +248,159 @@ async def test_a_close_inside_a_pipelined_answer_says_so(
     assert [a.body for a in answers] == [b"a"]
     want = "after 1 of 3 pipelined" if cut == 0 else "before answering in full"
     assert want in str(caught.value)
+
+
+# --------------------------------------------------------------------------------------
+# Answers nobody asked for, and the bytes a round may hold
+# --------------------------------------------------------------------------------------
+
+NO_CONTENT_WITH_BODY = b"HTTP/1.1 204 No Content\r\nContent-Length: 2\r\n\r\n{}"
+
+
+@pytest.mark.parametrize("separate_writes", [False, True])
+async def test_a_204_with_a_body_mid_round_is_not_taken_for_the_next_answer(
+    server: Server, client: LeanHttp, separate_writes: bool
+) -> None:
+    # Regression: the body of a 204 was read as the next chunk's answer; the round failed
+    # after its first answer and the chunks behind it, which the platform had stored,
+    # were sent (and stored) again. The 204's declared body is skipped, every chunk is
+    # answered, and the connection that was out of step is closed after the round.
+    parts = [NO_CONTENT_WITH_BODY[:-2], b"{}"] if separate_writes else [NO_CONTENT_WITH_BODY]
+    server.replies.append(Reply(parts * 3 if separate_writes else [NO_CONTENT_WITH_BODY * 3]))
+    server.reply()
+    server.reply()
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        after = await client.request("GET", server.url("/after"))
+    assert [a.status for a in answers] == [204, 204, 204]
+    assert len(server.requests) == 4  # each chunk once, then the next request
+    assert after.body == b"after"
+    assert server.accepted == 2  # never reused
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",
+        b'HTTP/1.1 304 Not Modified\r\nContent-Length: 120\r\nETag: "x"\r\n\r\n',
+    ],
+)
+async def test_a_204_or_304_framed_as_rfc9112_says_mid_round_is_read_as_such(
+    server: Server, client: LeanHttp, head: bytes
+) -> None:
+    # A Content-Length on a 204 or 304 with no body behind it (a 304 may name the
+    # length of what it stands for): the next answer follows its head at once.
+    server.reply(head + response(b"b") + response(b"c"))
+    server.reply()
+    server.reply()
+    server.reply(response(b"after"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        after = await client.request("GET", server.url("/after"))
+    assert [(a.status, a.body) for a in answers[1:]] == [(200, b"b"), (200, b"c")]
+    assert answers[0].status in (204, 304)
+    assert after.body == b"after"
+    assert server.accepted == 1
+
+
+async def test_a_204_declaring_a_chunked_body_mid_round_fails_closed(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(
+        b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        + response(b"b")
+        + response(b"c")
+    )
+    server.reply()
+    server.reply()
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="malformed answer"):
+        await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
+    assert [a.status for a in answers] == [204]
+    assert_no_resource_warning()
+
+
+async def test_bytes_arriving_after_the_last_answer_of_a_round_end_the_connection(
+    server: Server, client: LeanHttp
+) -> None:
+    # In a later write than the last answer: the quiet check sees them before reuse.
+    script = StrayAnswer(server, b"HTTP/1.1 200 OK\r\n", after=2)
+    server.reply(response(b"a") + response(b"b"))
+    server.reply()
+    server.reply(response(b"after"))
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT):
+        await client.pipeline("POST", to(server.url("/s"), BODIES[:2]), answers)
+        script.answers_read.set()
+        await script.stray_sent.wait()
+        await trio.sleep(0.005)  # the stray bytes cross loopback
+        after = await client.request("GET", server.url("/after"))
+    assert [a.body for a in answers] == [b"a", b"b"]
+    assert after.body == b"after"
+    assert server.accepted == 2
+
+
+async def test_a_round_keeps_a_bounded_part_of_each_answer(server: Server) -> None:
+    # Regression: 1 MiB answers to pipelined chunks took the worker to 326 MiB. A client
+    # made for answers that matter by their status keeps a little of each body, reads
+    # and drops the rest, and holds one read at a time.
+    big = b"x" * MAX_ANSWER_BYTES
+    count = 16
+    server.reply(*[response(big)] * count)
+    for _ in range(count - 1):
+        server.reply()
+    client = LeanHttp(STATIC_HEADERS, keep_body=4096)
+    answers: list[HttpResponse] = []
+    try:
+        with trio.fail_after(TIMEOUT):
+            tracemalloc.start()
+            try:
+                await client.pipeline("POST", to(server.url("/s"), [b"{}"] * count), answers)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+    finally:
+        await client.aclose()
+    assert [a.status for a in answers] == [200] * count
+    assert all(a.body == big[:4096] for a in answers)
+    assert peak < MAX_ANSWER_BYTES  # one answer's worth is already too much
+
+
+async def test_a_round_of_stream_chunks_holds_little_however_large_the_answers(
+    server: Server,
+) -> None:
+    # Regression, through the platform client: 1 MiB answers to pipelined chunks took the
+    # worker to 326 MiB (35 MiB normally). Only the statuses matter; a round of 16 such
+    # answers must not hold even one of them whole.
+    big = b"x" * MAX_ANSWER_BYTES
+    count = 16
+    server.reply(*[response(big)] * count)
+    for _ in range(count - 1):
+        server.reply()
+    base = server.url("/v2/ep1")
+    config = platform_from_env(
+        {
+            "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID",
+            "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID",
+            "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID",
+            "RUNPOD_AI_API_KEY": "k",
+            "RUNPOD_POD_ID": "w1",
+        }
+    )
+    client = PlatformClient(config, Timings())
+    chunks = [(config.stream_url("j1"), b'{"output": %d}' % n) for n in range(count)]
+    try:
+        with trio.fail_after(TIMEOUT):
+            tracemalloc.start()
+            try:
+                answers = await client.post_pipelined(chunks)
+                _, peak = tracemalloc.get_traced_memory()
+                kept = sum(len(answer.body) for answer in answers)
+            finally:
+                tracemalloc.stop()
+    finally:
+        await client.aclose()
+    assert [a.status for a in answers] == [200] * count
+    assert kept <= count * 4096
+    assert peak < MAX_ANSWER_BYTES

@@ -45,6 +45,9 @@ USER_AGENT = f"trio_worker/{__version__} (Language/Python {platform.python_versi
 # The reference sends JSON text under a form content type (docs/protocol.md §2.3); the platform
 # parses the raw body. Sending the same keeps us byte-compatible with what it accepts.
 REPORT_CONTENT_TYPE = "application/x-www-form-urlencoded"
+# Bytes of a report's (or a stream chunk's) answer body kept: enough for an error text in a
+# log line, nothing a worker acts on.
+REPORT_ANSWER_KEEP = 4096
 
 
 def is_retryable(status: int) -> bool:
@@ -96,7 +99,12 @@ class PlatformClient:
             connect_timeout=timings.connect_timeout,
         )
         self.polls = backend(headers, max_connections=4)
-        self._reports = backend({**headers, "Content-Type": REPORT_CONTENT_TYPE})
+        # A report's answer matters by its status (and Retry-After) alone: of its body only
+        # a little is kept, so a round of pipelined chunks holds little however large the
+        # platform's answers (docs/protocol.md §2.4).
+        self._reports = backend(
+            {**headers, "Content-Type": REPORT_CONTENT_TYPE}, keep_body=REPORT_ANSWER_KEEP
+        )
         if wrap_backend is not None:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
         # Stream chunks are pipelined until the platform shows it cannot take that

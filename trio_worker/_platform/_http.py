@@ -101,8 +101,9 @@ def proxy_configured(environ: Mapping[str, str]) -> bool:
 class HttpxHttp:
     """The backend over an ``httpx.AsyncClient`` (proxies, injected transports)."""
 
-    def __init__(self, client: httpx.AsyncClient) -> None:
+    def __init__(self, client: httpx.AsyncClient, keep_body: int | None = None) -> None:
         self._client = client
+        self._keep_body = keep_body
 
     @own_request_async
     async def request(
@@ -112,14 +113,19 @@ class HttpxHttp:
             async with self._client.stream(method, url, content=body or None) as response:
                 # Raw bytes: the protocol's bodies are JSON, and a body httpx cannot decode
                 # must not hide the status of an otherwise good answer.
+                keep = max_body if self._keep_body is None else min(self._keep_body, max_body)
                 raw = bytearray()
+                size = 0
                 try:
                     async for chunk in response.aiter_raw():
-                        raw += chunk
-                        check_size(len(raw), max_body, method, url)
+                        size += len(chunk)
+                        check_size(size, max_body, method, url)
+                        if len(raw) < keep:
+                            raw += chunk[: keep - len(raw)]
                 except httpx.StreamConsumed:
                     raw = bytearray(response.content)  # built in memory (MockTransport)
                     check_size(len(raw), max_body, method, url)
+                    del raw[keep:]
                 return HttpResponse(response.status_code, dict(response.headers), bytes(raw))
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc
@@ -136,16 +142,19 @@ def make_backend(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     environ: Mapping[str, str] | None = None,
     max_connections: int | None = None,
+    keep_body: int | None = None,
 ) -> HttpBackend:
     """The lean client, unless a transport is injected or a proxy must be honoured.
 
     An injected *open_stream* wins over a proxy variable: the streams it opens are the
-    network.
+    network. *keep_body*: bytes of each answer's body kept (the rest read and dropped).
     """
     check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
     if transport is None and (open_stream is not None or not proxy_configured(env)):
-        return LeanHttp(headers, open_stream=open_stream, connect_timeout=connect_timeout)
+        return LeanHttp(
+            headers, open_stream=open_stream, connect_timeout=connect_timeout, keep_body=keep_body
+        )
     client = httpx.AsyncClient(
         headers=dict(headers),
         transport=transport,
@@ -155,4 +164,4 @@ def make_backend(
         timeout=httpx.Timeout(connect=connect_timeout, read=None, write=10.0, pool=10.0),
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
     )
-    return HttpxHttp(client)
+    return HttpxHttp(client, keep_body)

@@ -51,8 +51,12 @@ class LeanHttp:
         open_stream: StreamOpener | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         ssl_context: ssl.SSLContext | None = None,
+        keep_body: int | None = None,
     ) -> None:
+        """*keep_body*: bytes of each answer's body kept (see :meth:`round`), for a client
+        whose answers matter by their status only."""
         self._heads = RequestHeads(headers)
+        self._keep_body = keep_body
         self._idle: dict[Origin, list[Connection]] = {}
         self._ssl = ssl_context
         self._open_stream = self._open_network if open_stream is None else open_stream
@@ -106,7 +110,9 @@ class LeanHttp:
         several is HTTP/1.1 pipelining), then read the answers in order, appending each to
         *answers* as it is read. The URLs may differ (the stream routes of several jobs)
         but must share one origin. Of each answer's body only its first *keep_body* bytes
-        are kept (all of it by default).
+        are kept (by default, the client's own *keep_body*, else all of it): the rest is
+        read and dropped, so a round holds its requests, one read past an answer, and at
+        most *keep_body* bytes per answer, however large the answers.
 
         *answers* is the caller's, so a caller whose deadline cut the reading still knows
         which requests were answered: the rest may or may not have been processed, as for
@@ -130,7 +136,8 @@ class LeanHttp:
             wire = message(heads[url][1], body)
         else:
             wire = b"".join(message(heads[url][1], body) for url, body in requests)
-        keep = max_body if keep_body is None else min(keep_body, max_body)
+        keep = self._keep_body if keep_body is None else keep_body
+        keep = max_body if keep is None else min(keep, max_body)
         bounds = Bounds(max_body, keep)
         while True:
             connection = await self._connection(origin)
