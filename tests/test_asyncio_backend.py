@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -64,7 +63,7 @@ async def serve(
         handler,
         async_backend="asyncio",
         environ=platform.worker_env("http://platform"),
-        transport=httpx.ASGITransport(app=platform),
+        app=platform,
         heartbeat="task",
         handle_signals=False,
         capture_logs="off",

@@ -12,7 +12,6 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -39,7 +38,7 @@ def serve(
         handler,
         async_backend=cast("AsyncBackend", backend),
         environ={**platform.worker_env("http://platform", worker_id="w1"), **(secrets or {})},
-        transport=httpx.ASGITransport(app=platform),
+        app=platform,
         heartbeat="task",
         handle_signals=False,
         capture_logs="off",

@@ -132,7 +132,7 @@ async def test_ssl_cert_file_is_honoured_by_every_client(
         with trio.fail_after(TIMEOUT):
             assert (await lean.request("GET", f"https://127.0.0.1:{port}/")).body == b"secure"
         await lean.aclose()
-        proxied = make_backend({}, transport=None, environ={"HTTPS_PROXY": "http://unused"})
+        proxied = make_backend({}, environ={"HTTPS_PROXY": "http://unused"})
         assert isinstance(proxied, HttpxHttp)
         assert proxied._client._transport._pool._ssl_context is trust_context()  # type: ignore[attr-defined]
         await proxied.aclose()
@@ -145,5 +145,5 @@ def test_make_backend_refuses_a_key_that_cannot_be_sent_on_either_path(
     environ: dict[str, str],
 ) -> None:
     with pytest.raises(ConfigurationError, match="Authorization") as caught:
-        make_backend({"Authorization": "rpa_key\nX: y"}, transport=None, environ=environ)
+        make_backend({"Authorization": "rpa_key\nX: y"}, environ=environ)
     assert "rpa_key" not in str(caught.value)

@@ -75,6 +75,23 @@ async def test_a_request_over_memory_streams(autojump_clock: trio.testing.MockCl
     assert answer.headers["content-length"] == "8"
 
 
+async def test_an_exception_leaves_the_block_as_it_came(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Not wrapped in the server nursery's ExceptionGroup: trio_worker.testing.serve(app=)
+    # runs the worker inside this block, and its callers catch InitializationError.
+    async def use_then_fail() -> None:
+        async with memory_network(App()) as opener:
+            client = LeanHttp({}, open_stream=opener)
+            await client.request("GET", URL)
+            await client.aclose()
+            raise KeyError("raised inside")
+
+    with pytest.raises(KeyError, match="raised inside") as caught:
+        await use_then_fail()
+    assert type(caught.value) is KeyError
+
+
 async def test_keep_alive_reuses_one_connection(autojump_clock: trio.testing.MockClock) -> None:
     app = App()
     async with memory_network(app) as opener:

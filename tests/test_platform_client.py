@@ -1,4 +1,8 @@
-"""PlatformClient over httpx.MockTransport, in virtual time.
+"""PlatformClient over the in-memory network, in virtual time.
+
+A scripted platform (:class:`FakePlatform`, one reply per request) is served as an ASGI app
+on :func:`~trio_worker.testing.memory_network`, so the production lean client does every
+request. A reply that is an exception drops the connection without an answer.
 
 See docs/protocol.md §2 and docs/design.md §5."""
 
@@ -32,6 +36,8 @@ from trio_worker._platform._client import (
     retry_after,
 )
 from trio_worker._platform._http import HttpResponse
+from trio_worker.testing import memory_network
+from trio_worker.testing._http_server import AbortConnection, ASGIApp, Receive, Scope, Send
 
 H = "http://platform.test/v2/ep1"
 KEY = "rpa_SECRET_KEY_123"
@@ -86,16 +92,64 @@ class FakePlatform:
         return [b - a for a, b in itertools.pairwise(times)]
 
 
+def served(fake: FakePlatform) -> ASGIApp:
+    """*fake* as an ASGI app: each request rebuilt as the ``httpx.Request`` it asserts on.
+
+    Every answer closes its connection, so each attempt is one connection and an answer
+    the fake drops is never taken for a stale kept-alive connection (retried unseen).
+    """
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        host = next(value for name, value in headers if name.lower() == "host")
+        target = scope["raw_path"].decode("latin-1")
+        if scope["query_string"]:
+            target += "?" + scope["query_string"].decode("latin-1")
+        request = httpx.Request(
+            scope["method"], f"http://{host}{target}", headers=headers, content=body
+        )
+        try:
+            reply = await fake(request)
+        except httpx.HTTPError:
+            raise AbortConnection from None
+        # The server frames the body itself (the fake's own Content-Length may not match
+        # what httpx hands out as its content).
+        framing = (b"connection", b"content-length", b"transfer-encoding")
+        raw = [(k, v) for k, v in reply.headers.raw if k.lower() not in framing]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": reply.status_code,
+                "headers": [*raw, (b"connection", b"close")],
+            }
+        )
+        # The raw bytes, as given (a body httpx cannot decode included); none for a 204.
+        content = b"".join([part async for part in reply.stream])  # type: ignore[union-attr]
+        body = b"" if reply.status_code in (204, 304) else content
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
 @contextlib.asynccontextmanager
 async def client_for(
     fake: FakePlatform, timings: Timings | None = None, **env: str
 ) -> AsyncIterator[PlatformClient]:
     config = platform_from_env({**WIRING, **env})
-    client = PlatformClient(config, timings or Timings(), transport=httpx.MockTransport(fake))
-    try:
-        yield client
-    finally:
-        await client.aclose()
+    async with memory_network(served(fake)) as opener:
+        client = PlatformClient(config, timings or Timings(), open_stream=opener)
+        try:
+            yield client
+        finally:
+            await client.aclose()
 
 
 def job_json(*items: object) -> httpx.Response:
@@ -266,7 +320,7 @@ async def test_other_statuses_raise_platform_error(status: int) -> None:
 async def test_take_transport_errors_are_transport_error() -> None:
     fake = FakePlatform([httpx.ConnectError("refused")])
     async with client_for(fake) as client:
-        with pytest.raises(TransportError, match="ConnectError"):
+        with pytest.raises(TransportError, match="closed the connection before answering"):
             await client.take(1, in_progress=False)
 
 
@@ -417,15 +471,20 @@ async def test_report_outlasts_a_long_outage(
 async def test_report_gives_up_on_connect_errors_with_the_error_named(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    fake = FakePlatform([httpx.ConnectError("connection refused")])
-    async with client_for(fake) as client:
+    async def refuse(host: str, port: int, tls: bool) -> trio.abc.Stream:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    client = PlatformClient(platform_from_env(WIRING), Timings(), open_stream=refuse)
+    try:
         outcome = await post_within(client, 3.0)
+    finally:
+        await client.aclose()
     assert outcome.delivered is False
     assert outcome.attempts >= 3
     assert outcome.status is None
     assert outcome.last_error is not None
-    assert "ConnectError" in outcome.last_error
-    assert "connection refused" in outcome.last_error
+    assert "cannot connect to platform.test:80" in outcome.last_error
+    assert "Connection refused" in outcome.last_error
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 413, 422, 301])
@@ -686,7 +745,7 @@ async def test_poll_stop_429_and_errors() -> None:
             await client.poll_stop()
         with pytest.raises(PlatformError) as failed:
             await client.poll_stop()
-        with pytest.raises(TransportError, match="ConnectError"):
+        with pytest.raises(TransportError, match="closed the connection before answering"):
             await client.poll_stop()
     assert limited.value.retry_after == 2.0
     assert limited.value.route == "stop"

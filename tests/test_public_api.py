@@ -81,7 +81,7 @@ def test_serve_carries_no_test_seams_and_testing_serve_has_them() -> None:
 
     public = inspect.signature(trio_worker.serve).parameters
     testing = inspect.signature(trio_worker.testing.serve).parameters
-    seams = {"open_stream", "wrap_backend", "transport", "heartbeat", "observers", "capture"}
+    seams = {"open_stream", "wrap_backend", "app", "heartbeat", "observers", "capture"}
     assert not seams & set(public)
     assert set(testing) == set(public) | seams
     for name in public:

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-import httpx
 import pytest
 import trio
 
@@ -33,7 +32,6 @@ class Harness:
     def __init__(self, platform: FakePlatform, backend: str = "trio") -> None:
         self.platform = platform
         self.backend = backend
-        self.transport = httpx.ASGITransport(app=platform)
         self.environ = platform.worker_env("http://platform", ping_interval_ms=1000)
         self.error: BaseException | None = None
         self.finished = trio.Event()
@@ -64,7 +62,7 @@ class Harness:
                     # serve() itself refuses a name that is neither.
                     async_backend=cast("AsyncBackend", self.backend),
                     environ=self.environ,
-                    transport=self.transport,
+                    app=self.platform,
                     heartbeat="task",
                     handle_signals=False,
                     capture_logs="off",

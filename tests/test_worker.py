@@ -10,7 +10,6 @@ import logging
 import threading
 from typing import Any, cast
 
-import httpx
 import pytest
 import trio
 
@@ -34,7 +33,7 @@ async def start_worker(
             handler,
             async_backend=cast("AsyncBackend", backend),
             environ=platform.worker_env("http://platform", worker_id=worker_id),
-            transport=httpx.ASGITransport(app=platform),
+            app=platform,
             heartbeat="task",
             handle_signals=False,
             capture_logs="off",
@@ -171,7 +170,7 @@ async def test_a_cancellation_from_outside_reaches_the_callers_scope(
             lambda job: "ok",
             async_backend=cast("AsyncBackend", backend),
             environ=platform.worker_env("http://platform"),
-            transport=httpx.ASGITransport(app=platform),
+            app=platform,
             heartbeat="task",
             handle_signals=False,
             capture_logs="off",

@@ -35,8 +35,6 @@ from ._supervisor import Supervisor
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 
-    import httpx
-
     from ._exit import ExitGuard
     from ._initializer import Initializer
     from ._lifecycle import TransitionHook
@@ -92,7 +90,6 @@ class Seams:
 
     open_stream: StreamOpener | None = None  # (host, port, tls) -> stream, instead of TCP
     wrap_backend: BackendWrapper | None = None  # wraps the client's HTTP (to record requests)
-    transport: httpx.AsyncBaseTransport | None = None  # instead of the network, for httpx
     heartbeat: HeartbeatMode = "thread"  # "task" runs on trio's clock; "off" sends none
     observers: Iterable[TransitionHook] = ()  # called after every job state transition
     capture: OutputCapture | None = None  # an installed capture, instead of our own
@@ -196,7 +193,6 @@ async def _serve(
     client = PlatformClient(
         settings.platform,
         settings.timings,
-        transport=seams.transport,
         open_stream=seams.open_stream,
         wrap_backend=seams.wrap_backend,
     )

@@ -34,8 +34,6 @@ from ._wire import TakeResponse, parse_stop, parse_take
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import httpx
-
     from .._config import PlatformConfig, Timings
     from ._http import BackendWrapper, StreamOpener
 
@@ -75,9 +73,8 @@ class PlatformClient:
     """Speaks the worker routes for one worker.
 
     Production passes none of the keywords. *open_stream* replaces the TCP/TLS connect of
-    the lean client (the virtual-time suite's in-memory streams to the fake platform);
-    *transport* replaces the network with an httpx transport (then httpx carries the
-    requests); *wrap_backend* wraps both HTTP clients (the suite records every request).
+    the lean client (the in-memory network to the fake platform, in virtual time);
+    *wrap_backend* wraps both HTTP clients (the property suite records every request).
     """
 
     def __init__(
@@ -85,7 +82,6 @@ class PlatformClient:
         config: PlatformConfig,
         timings: Timings,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
         open_stream: StreamOpener | None = None,
         wrap_backend: BackendWrapper | None = None,
     ) -> None:
@@ -94,7 +90,6 @@ class PlatformClient:
         headers = {"Authorization": config.api_key, "User-Agent": USER_AGENT}
         backend = functools.partial(
             make_backend,
-            transport=transport,
             open_stream=open_stream,
             connect_timeout=timings.connect_timeout,
         )
@@ -108,7 +103,7 @@ class PlatformClient:
         if wrap_backend is not None:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
         # Stream chunks are pipelined until the platform shows it cannot take that
-        # (docs/protocol.md §2.4); httpx (a proxy, an injected transport) never pipelines.
+        # (docs/protocol.md §2.4); httpx (behind a proxy) never pipelines.
         reports = self._reports
         self._pipelining = reports if isinstance(reports, PipeliningBackend) else None
 

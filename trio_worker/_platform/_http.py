@@ -1,25 +1,23 @@
-"""The HTTP the worker speaks: a lean HTTP/1.1 client on trio streams, and an httpx adapter.
+"""The HTTP the worker speaks: one lean HTTP/1.1 client on trio streams, httpx behind a proxy.
 
 Why a client of our own: the platform protocol is a handful of tiny requests to a few
 fixed URLs, and every job costs at least two of them. httpx spends about 0.6-1.2 ms of CPU
 per request on its general machinery (benchmarks/results: 468 jobs/s for a bare httpx
 take+done loop against 2,397 for a raw one), which is the worker's whole budget at the
-throughput docs/design.md §11 asks for. :class:`LeanHttp` builds each request as one bytes
-object and keeps connections alive; the answers are parsed by h11, the parser httpx itself
-uses and whose maintainers keep it hardened, so the worker rejects what RFC 9112 says a
-client must reject (bad chunk sizes, bytes after chunk data, conflicting Content-Lengths,
-transfer codings other than chunked) and reuses a connection only when h11 says both sides
-may go on (``Connection: close``, HTTP/1.0).
+throughput docs/design.md §11 asks for. :class:`LeanHttp` carries every platform route
+(take, done, stream, stop, progress and the heartbeat's ping) on one request path, one
+parser and one connection-reuse rule (:mod:`._lean`).
 
-:class:`HttpxHttp` keeps httpx for what the lean client does not do: proxies (when a
-``*_PROXY`` variable is set) and injected transports (the in-process fake platform of the
-virtual-time suite). Both raise the package's :class:`~trio_worker.TransportError` for
-every failure below HTTP, so callers handle one family and never see ``httpx`` or ``h11``.
-Both read at most ``max_body`` bytes of an answer (docs/protocol.md §2.0).
+:class:`HttpxHttp` keeps httpx for the one thing the lean client does not do: a proxy
+(when a ``*_PROXY`` variable is set). Both raise the package's
+:class:`~trio_worker.TransportError` for every failure below HTTP, so callers handle one
+family and never see ``httpx`` or ``h11``. Both read at most ``max_body`` bytes of an
+answer (docs/protocol.md §2.0).
 
 Where connections come from is injectable: a :data:`StreamOpener` ``(host, port, tls) ->
-stream`` replaces the TCP/TLS connect, so the virtual-time suite runs this very client
-(keep-alive, parsing, error mapping) over in-memory streams to the fake platform.
+stream`` replaces the TCP/TLS connect, so tests and the virtual-time suite run this very
+client (keep-alive, parsing, error mapping) over in-memory streams to the fake platform
+(:func:`trio_worker.testing.memory_network`).
 """
 
 from __future__ import annotations
@@ -99,7 +97,7 @@ def proxy_configured(environ: Mapping[str, str]) -> bool:
 
 
 class HttpxHttp:
-    """The backend over an ``httpx.AsyncClient`` (proxies, injected transports)."""
+    """The backend over an ``httpx.AsyncClient``, for a configured proxy only."""
 
     def __init__(self, client: httpx.AsyncClient, keep_body: int | None = None) -> None:
         self._client = client
@@ -137,27 +135,25 @@ class HttpxHttp:
 def make_backend(
     headers: Mapping[str, str],
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
     open_stream: StreamOpener | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     environ: Mapping[str, str] | None = None,
     max_connections: int | None = None,
     keep_body: int | None = None,
 ) -> HttpBackend:
-    """The lean client, unless a transport is injected or a proxy must be honoured.
+    """The lean client, unless a proxy must be honoured (then httpx, which knows how).
 
     An injected *open_stream* wins over a proxy variable: the streams it opens are the
     network. *keep_body*: bytes of each answer's body kept (the rest read and dropped).
     """
     check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
-    if transport is None and (open_stream is not None or not proxy_configured(env)):
+    if open_stream is not None or not proxy_configured(env):
         return LeanHttp(
             headers, open_stream=open_stream, connect_timeout=connect_timeout, keep_body=keep_body
         )
     client = httpx.AsyncClient(
         headers=dict(headers),
-        transport=transport,
         verify=trust_context(),  # the one trust store of every client
         # Every request is bounded by a cancel scope; httpx's per-read timeout would cut
         # a legitimate long-poll short.

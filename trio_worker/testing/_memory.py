@@ -42,7 +42,8 @@ async def memory_network(
     Each call of the opener returns the client end of a fresh in-memory connection; a
     task of this block's nursery serves the server end until either side closes it.
     Leaving the block cancels the server tasks and closes their ends, so a client still
-    holding a connection sees it closed by the server, as after a server restart.
+    holding a connection sees it closed by the server, as after a server restart. An
+    exception out of the block leaves it as it came, not in an ExceptionGroup.
     """
     async with trio.open_nursery() as nursery:
         serve = functools.partial(serve_stream, app, keep_alive_timeout=keep_alive_timeout)
@@ -53,7 +54,14 @@ async def memory_network(
             await trio.lowlevel.checkpoint()  # a connect is a checkpoint, as over TCP
             return client
 
+        # What the block raises passes through as is, never wrapped in the nursery's
+        # ExceptionGroup: a caller catches InitializationError, not a group holding it.
+        failure: BaseException | None = None
         try:
             yield open_stream
+        except BaseException as exc:
+            failure = exc
         finally:
             nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -1,7 +1,8 @@
 """``trio_worker.testing.serve``: the real worker with its test seams exposed.
 
 The public :func:`trio_worker.serve` takes only what a deployment needs; a test also wants
-the platform in process (an httpx transport, or a stream opener for the lean client), a
+the platform in process (an ASGI app on the in-memory network, or a stream opener for
+the lean client), a
 heartbeat on trio's clock, observers of every job transition, and a capture it installed
 itself. Same worker, same checks, same contract.
 """
@@ -15,11 +16,10 @@ import trio
 from .._exceptions import ConfigurationError
 from .._options import AsyncBackend, worker_options
 from .._worker import HeartbeatMode, Seams, WorkerHandle, run_worker
+from ._memory import memory_network
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
-
-    import httpx
 
     from .._capture import OutputCapture
     from .._config import CaptureMode, Timings
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .._lifecycle import TransitionHook
     from .._options import Concurrency
     from .._platform._http import BackendWrapper, StreamOpener
+    from ._http_server import ASGIApp
 
 
 async def serve(
@@ -45,7 +46,7 @@ async def serve(
     handle_signals: bool = True,
     open_stream: StreamOpener | None = None,
     wrap_backend: BackendWrapper | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
+    app: ASGIApp | None = None,
     heartbeat: HeartbeatMode = "thread",
     observers: Iterable[TransitionHook] = (),
     capture: OutputCapture | None = None,
@@ -58,7 +59,9 @@ async def serve(
             (:func:`trio_worker.testing.memory_network` gives one to the fake platform).
         wrap_backend: wraps each HTTP backend of the platform client, e.g. to record or
             disturb every request while the production client still does the work.
-        transport: an httpx transport in place of the network (the in-process fake).
+        app: an ASGI app (the fake platform) in place of the network, served on the
+            in-memory network (:func:`trio_worker.testing.memory_network`); not with
+            *open_stream*.
         heartbeat: "thread" (production), "task" (on trio's clock, for virtual time), "off".
         observers: called after every job state transition.
         capture: an already installed capture to use instead of installing one.
@@ -79,18 +82,27 @@ async def serve(
         capture_logs=capture_logs,
         timings=timings,
     )
-    seams = Seams(
-        open_stream=open_stream,
-        wrap_backend=wrap_backend,
-        transport=transport,
-        heartbeat=heartbeat,
-        observers=tuple(observers),
-        capture=capture,
-    )
-    await run_worker(
-        options,
-        environ=environ,
-        handle_signals=handle_signals,
-        seams=seams,
-        task_status=task_status,
-    )
+    if app is not None and open_stream is not None:
+        raise ConfigurationError("give serve() an app or an open_stream, not both")
+
+    async def run(opener: StreamOpener | None) -> None:
+        seams = Seams(
+            open_stream=opener,
+            wrap_backend=wrap_backend,
+            heartbeat=heartbeat,
+            observers=tuple(observers),
+            capture=capture,
+        )
+        await run_worker(
+            options,
+            environ=environ,
+            handle_signals=handle_signals,
+            seams=seams,
+            task_status=task_status,
+        )
+
+    if app is None:
+        await run(open_stream)
+        return
+    async with memory_network(app) as opener:
+        await run(opener)
