@@ -10,12 +10,11 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -29,9 +28,11 @@ from trio_worker._platform._heartbeat import (
     ping_params,
     ping_url,
 )
-from trio_worker._platform._http import HttpxHttp, LeanHttp
+from trio_worker._platform._http import LeanHttp
 from trio_worker._platform._tls import trust_context
 from trio_worker._version import __version__
+from trio_worker.testing import memory_network
+from trio_worker.testing._http_server import AbortConnection, Receive, Scope, Send
 
 KEY = "rpa_ping_key"
 INTERVAL = 0.05
@@ -340,55 +341,97 @@ def test_a_dripping_ping_answer_is_cut_at_its_deadline(caplog: pytest.LogCapture
 # --- heartbeat_task (virtual time) --------------------------------------------------------
 
 
+@dataclass
+class Seen:
+    at: float
+    path: str
+    query: dict[str, list[str]]
+    authorization: str | None
+    url_length: int
+
+
+class PingApp:
+    """A platform's ping route as an ASGI app on the in-memory network: records each ping,
+    answers with the next status of *statuses* (the last repeating; 0 drops the
+    connection without an answer)."""
+
+    def __init__(self, *statuses: int) -> None:
+        self.statuses = statuses or (200,)
+        self.seen: list[Seen] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        query = scope["query_string"].decode("latin-1")
+        self.seen.append(
+            Seen(
+                trio.current_time(),
+                scope["path"],
+                parse_qs(query, keep_blank_values=True),
+                headers.get("authorization"),
+                len(f"http://{headers['host']}{scope['path']}?{query}"),
+            )
+        )
+        status = self.statuses[min(len(self.seen), len(self.statuses)) - 1]
+        if status == 0:
+            raise AbortConnection
+        # Each ping on its own connection: a dropped one is then never taken for a stale
+        # kept-alive connection (and sent again unseen).
+        close = [(b"connection", b"close")]
+        await send({"type": "http.response.start", "status": status, "headers": close})
+        await send({"type": "http.response.body", "body": b""})
+
+    @property
+    def times(self) -> list[float]:
+        return [seen.at for seen in self.seen]
+
+
+@contextlib.asynccontextmanager
+async def lean_pings(app: PingApp) -> AsyncIterator[LeanHttp]:
+    """The worker's lean client (as the worker hands it to heartbeat_task) to *app*."""
+    async with memory_network(app) as opener:
+        client = LeanHttp({"Authorization": KEY}, open_stream=opener)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+
 async def test_heartbeat_task_pings_every_interval_in_virtual_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    seen: list[tuple[float, str | None, httpx.Request]] = []
-
-    async def platform(request: httpx.Request) -> httpx.Response:
-        seen.append((trio.current_time(), request.url.params.get("job_id"), request))
-        return httpx.Response(200)
-
+    app = PingApp()
     held = Held("a", "b")
     url = "http://platform.test/v2/ep/ping/w1?gpu=A100"
-    async with httpx.AsyncClient(
-        transport=httpx.MockTransport(platform), headers={"Authorization": KEY}
-    ) as client:
+    async with lean_pings(app) as client:
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(heartbeat_task, HttpxHttp(client), url, 10.0, held)
+            nursery.start_soon(heartbeat_task, client, url, 10.0, held)
             await trio.sleep(15)
             held.ids = ("c",)
             await trio.sleep(10)
             held.ids = ()
             await trio.sleep(10)
             nursery.cancel_scope.cancel()
-    assert [t - start for t, _, _ in seen] == [0.0, 10.0, 20.0, 30.0]
-    assert [ids for _, ids, _ in seen] == ["a,b", "a,b", "c", None]
-    for _, _, request in seen:
-        assert request.method == "GET"
-        assert request.url.path == "/v2/ep/ping/w1"
-        assert request.url.params.get("runpod_version") == __version__
-        assert request.headers["authorization"] == KEY
+    assert [t - start for t in app.times] == [0.0, 10.0, 20.0, 30.0]
+    assert [seen.query.get("job_id", [None])[0] for seen in app.seen] == ["a,b", "a,b", "c", None]
+    for seen in app.seen:
+        assert seen.path == "/v2/ep/ping/w1"
+        assert seen.query["runpod_version"] == [__version__]
+        assert seen.authorization == KEY
 
 
 async def test_heartbeat_task_survives_failed_pings(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trio_worker")
-    times: list[float] = []
-
-    async def flaky(request: httpx.Request) -> httpx.Response:
-        times.append(trio.current_time())
-        if len(times) in (2, 3):
-            raise httpx.ConnectError("down")
-        return httpx.Response(503 if len(times) == 4 else 200)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(flaky)) as client:
+    app = PingApp(200, 0, 0, 503, 200)  # two dropped connections, then a 503
+    async with lean_pings(app) as client:
         start = trio.current_time()
         with trio.move_on_after(4.5):
-            await heartbeat_task(HttpxHttp(client), "http://p.test/ping", 1.0, Held())
-    assert [t - start for t in times] == [0.0, 1.0, 2.0, 3.0, 4.0]
+            await heartbeat_task(client, "http://p.test/ping", 1.0, Held())
+    assert [t - start for t in app.times] == [0.0, 1.0, 2.0, 3.0, 4.0]
     failures = [r for r in caplog.records if "ping failed" in r.getMessage()]
     assert len(failures) == 2
 
@@ -397,17 +440,12 @@ async def test_heartbeat_task_survives_any_exception_in_a_ping(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trio_worker")
-    times: list[float] = []
-
-    async def platform(request: httpx.Request) -> httpx.Response:
-        times.append(trio.current_time())
-        return httpx.Response(200)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
+    app = PingApp()
+    async with lean_pings(app) as client:
         start = trio.current_time()
         with trio.move_on_after(2.5):
-            await heartbeat_task(HttpxHttp(client), "http://p.test/ping", 1.0, Flaky(1))
-    assert [t - start for t in times] == [1.0, 2.0]
+            await heartbeat_task(client, "http://p.test/ping", 1.0, Flaky(1))
+    assert [t - start for t in app.times] == [1.0, 2.0]
     failures = [r for r in caplog.records if "ping failed: RuntimeError" in r.getMessage()]
     assert len(failures) == 1
 
@@ -415,20 +453,42 @@ async def test_heartbeat_task_survives_any_exception_in_a_ping(
 async def test_heartbeat_task_keeps_the_ping_templates_query(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    urls: list[httpx.URL] = []
-
-    async def platform(request: httpx.Request) -> httpx.Response:
-        urls.append(request.url)
-        return httpx.Response(200)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
+    app = PingApp()
+    async with lean_pings(app) as client:
         with trio.move_on_after(0.5):
-            await heartbeat_task(
-                HttpxHttp(client), "http://p.test/ping/w1?gpu=A100", 1.0, Held("a")
-            )
-    [url] = urls
-    assert url.params.get("gpu") == "A100"
-    assert url.params.get("job_id") == "a"
+            await heartbeat_task(client, "http://p.test/ping/w1?gpu=A100", 1.0, Held("a"))
+    [seen] = app.seen
+    assert seen.query.get("gpu") == ["A100"]
+    assert seen.query.get("job_id") == ["a"]
+
+
+async def test_heartbeat_task_cuts_a_ping_at_its_deadline(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One deadline for the whole ping, the next one's due time: a ping whose answer
+    # never comes whole does not delay the next.
+    caplog.set_level(logging.WARNING, logger="trio_worker")
+    times: list[float] = []
+
+    async def dripping(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        times.append(trio.current_time())
+        headers = [(b"content-length", b"1000")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for _ in range(1000):
+            await trio.sleep(1.5)
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+
+    async with memory_network(dripping) as opener:
+        client = LeanHttp({}, open_stream=opener)
+        start = trio.current_time()
+        with trio.move_on_after(30.5):
+            await heartbeat_task(client, "http://p.test/ping", 10.0, Held("held"))
+        await client.aclose()
+    assert [t - start for t in times] == [0.0, 10.0, 20.0, 30.0]
+    cut = [r for r in caplog.records if "no whole answer within 10.00s" in r.getMessage()]
+    assert len(cut) == 3
 
 
 # --- bounds: the ping URL, the answer, anything a ping raises ------------------------------
@@ -549,17 +609,11 @@ def test_a_huge_ping_answer_is_not_read(caplog: pytest.LogCaptureFixture) -> Non
 
 
 async def test_heartbeat_task_bounds_its_url(autojump_clock: trio.testing.MockClock) -> None:
-    lengths: list[int] = []
-
-    async def platform(request: httpx.Request) -> httpx.Response:
-        lengths.append(len(str(request.url)))
-        return httpx.Response(200)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(platform)) as client:
+    app = PingApp()
+    async with lean_pings(app) as client:
         with trio.move_on_after(2.5):
-            await heartbeat_task(
-                HttpxHttp(client), "http://p.test/ping", 1.0, Held(*long_ids(2000))
-            )
+            await heartbeat_task(client, "http://p.test/ping", 1.0, Held(*long_ids(2000)))
+    lengths = [seen.url_length for seen in app.seen]
     assert len(lengths) == 3
     assert all(MAX_PING_URL_BYTES - 100 < n <= MAX_PING_URL_BYTES for n in lengths)
 
