@@ -2,8 +2,11 @@
 
 * ``_client``: `PlatformClient`, the routes (take, stop, done, stream) and report retries.
 * ``_wire``: parsing take and stop answers into jobs, malformed items and warnings.
-* ``_http``: the HTTP/1.1 client the routes run on, and the httpx adapter for proxies.
-* ``_heartbeat``: the ping thread (and the same pings as a trio task, for virtual time).
+* ``_http``: picks the client: the lean one, or the httpx adapter behind a proxy.
+* ``_lean``, ``_connection``, ``_reading``, ``_request``, ``_answer``: the lean HTTP/1.1
+  client every route runs on (one request path, one parser, one reuse rule).
+* ``_heartbeat``: the ping thread, on its own trio loop and connection (and the same pings
+  as a trio task, for virtual time).
 
 Nothing here imports the supervisor or the job runner: data flows from the supervisor
 down into this package, never back.
