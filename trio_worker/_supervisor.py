@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._delivery import Delivery
 from ._driver import JobDriver, drain
 from ._exceptions import (
     InitFailure,
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
 
     from ._capture import OutputCapture
     from ._config import Settings
+    from ._delivery import Delivery
     from ._exit import ExitGuard
     from ._handlers import ThreadWaits
     from ._lifecycle import HeldJob, TransitionHook
@@ -77,6 +77,7 @@ class Supervisor:
         *,
         settings: Settings,
         client: PlatformClient,
+        delivery: Delivery,
         runner: JobRunner,
         waits: ThreadWaits,
         initializer: Initializer | None,
@@ -104,10 +105,11 @@ class Supervisor:
                 self.phases.observers.append(phase_changed)
         self.capacity = capacity = Capacity(concurrency)
         self.stop_memory = StopMemory(timings.stop_memory, timings.stop_memory_size)
-        # The one owner of stopping: every wait below reads it (docs/how-it-works.md).
-        self.plan = plan = ShutdownPlan(timings)
+        # The one owner of stopping: every wait of the worker reads it, the thread waits
+        # through this listener (docs/how-it-works.md).
+        self.delivery = delivery
+        self.plan = plan = delivery.plan
         plan.subscribe(lambda plan: waits.end_by(plan.grace_end))
-        self.delivery = Delivery(settings, client, plan)
         self.gate = trio.Event()  # wakes the jobs at the gate; the truth is self.phases
         self.driver = JobDriver(
             ledger=self.ledger,
