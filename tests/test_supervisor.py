@@ -598,3 +598,19 @@ async def test_reports_in_flight_at_the_grace_end_beside_a_stuck_thread_keep_the
     assert record.done_time is not None
     assert reported + 3.5 <= record.done_time <= reported + 6.0
     assert error_of(harness.platform, stuck)["error_category"] == "worker_shutdown"
+
+
+@pytest.mark.parametrize("backend", ["trio"])
+async def test_the_reprs_show_the_state_of_each_layer(
+    backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    handle = await harness.start(nursery, echo_on(backend))
+    job_id = harness.platform.enqueue({"seconds": 100})
+    await harness.wait_until(lambda: job_id in handle.held_ids)
+    supervisor = handle._supervisor
+    assert repr(supervisor).startswith("<Supervisor ready held=1 concurrency=1 <ShutdownPlan")
+    assert f"{job_id}: running" in repr(supervisor.driver)
+    handle.shutdown("SIGTERM")
+    assert "draining reason='SIGTERM'" in repr(supervisor.plan)
+    assert "reporting=[]" in repr(supervisor.delivery)
+    await harness.finished.wait()
