@@ -16,9 +16,12 @@ Four sibling tasks share one nursery:
 * **stop** long-polls job-stop and cancels the named job's scope.
 
 Every fact these tasks act on lives in ``_lifecycle.py`` (each job's state, the worker's
-phase, the ledger) and every choice is a pure function in ``_decisions.py``. This module
-keeps the four tasks, their cancel scopes and deadlines; ``_driver.py`` drives each job
-through admission, its own task and settlement; ``_delivery.py`` posts its reports.
+phase, the ledger) and every choice is a pure function in ``_decisions.py``. When and how
+the worker stops is ``_shutdown_plan.py``'s: a shutdown, an init failure or a cancellation
+of the whole worker changes the plan in one call, and every wait (the take, the jobs, their
+reports, progress and threads, the initializer, the idle and stop long-polls) reads it. This
+module keeps the four tasks and their cancel scopes; ``_driver.py`` drives each job through
+admission, its own task and settlement; ``_delivery.py`` posts its reports.
 
 On init failure every held job is failed with the same ``init_failed`` body: jobs at the
 gate report it as the cancellation reaches them, a take in flight gets ``claim_grace`` and
@@ -92,7 +95,6 @@ class Supervisor:
         self.timings = timings = settings.timings
         self.client = client
         self.runner = runner
-        self.waits = waits
         self.initializer = initializer
         self.init_timeout = init_timeout
         self.capture = capture
