@@ -91,8 +91,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_delivery.py",
-                "with trio.CancelScope(shield=True, deadline=self._deadline(started)) as scope:",
-                "with trio.CancelScope(deadline=self._deadline(started)) as scope:",
+                "with trio.CancelScope(shield=True) as scope:",
+                "with trio.CancelScope() as scope:",
             ),
         ),
     ),
@@ -102,8 +102,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_supervisor.py",
-                "        with self._init_scope:\n            failure = await run_initializer(",
-                "        with self._init_scope:\n"
+                "        with self.plan.open_scope(ShutdownPlan.when_stopping):\n"
+                "            failure = await run_initializer(",
+                "        with self.plan.open_scope(ShutdownPlan.when_stopping):\n"
                 "            self.gate.set()\n"
                 "            failure = await run_initializer(",
             ),
@@ -136,12 +137,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "take-cut-now",
-        "_supervisor.py _shorten_take: the take's deadline is set to now, not shortened",
+        "_shutdown_plan.py drain: the take's deadline is set to now, not shortened",
         (
             Patch(
-                "trio_worker/_supervisor.py",
-                "self._take_scope.deadline = min(self._take_scope.deadline, deadline)",
-                "self._take_scope.deadline = trio.current_time()",
+                "trio_worker/_shutdown_plan.py",
+                "self.take_end = min(self.take_end, now + min(timings.take_drain, "
+                "timings.shutdown_grace))",
+                "self.take_end = now",
             ),
         ),
     ),
@@ -184,10 +186,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "report-not-retried",
-        "_platform/_client.py post_report: one attempt only, whatever the budget allows",
+        "_delivery.py Delivery.post: one attempt only, whatever the budget allows",
         (
             Patch(
-                "trio_worker/_platform/_client.py",
+                "trio_worker/_delivery.py",
                 "if outcome.delivered or (status is not None and not is_retryable(status)):",
                 "if True:",
             ),
@@ -221,12 +223,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "claim-grace-tripled",
-        "_supervisor.py _fail_init: the take in flight gets 3 x claim_grace",
+        "_shutdown_plan.py fail_init: the take in flight gets 3 x claim_grace",
         (
             Patch(
-                "trio_worker/_supervisor.py",
-                "self._claim_deadline = failure.failed_at + self.timings.claim_grace",
-                "self._claim_deadline = failure.failed_at + 3 * self.timings.claim_grace",
+                "trio_worker/_shutdown_plan.py",
+                "self.take_end = min(failed_at + self.timings.claim_grace, self.grace_end)",
+                "self.take_end = min(failed_at + 3 * self.timings.claim_grace, self.grace_end)",
             ),
         ),
         required=False,
@@ -267,12 +269,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "shutdown-waits-on-take",
-        "_supervisor.py request_shutdown: the take in flight is not shortened",
+        "_shutdown_plan.py drain: the take in flight is not shortened",
         (
             Patch(
-                "trio_worker/_supervisor.py",
-                "        self._shorten_take(now + min(self.timings.take_drain, "
-                "self.timings.shutdown_grace))\n",
+                "trio_worker/_shutdown_plan.py",
+                "        self.take_end = min(self.take_end, now + min(timings.take_drain, "
+                "timings.shutdown_grace))\n",
                 "",
             ),
         ),

@@ -15,7 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._chunk_convoy import ROUND_REQUESTS, ChunkConvoy
+from trio_worker._chunk_convoy import BATCH_BYTES, BATCH_REQUESTS, ChunkConvoy
+from trio_worker._chunk_posts import _take_batch
 from trio_worker._platform._http import HttpResponse
 
 OK = HttpResponse(200, {}, b"")
@@ -79,11 +80,11 @@ async def test_a_round_stops_boarding_at_its_size_but_always_takes_one_batch(
         convoy = ChunkConvoy(post, beside(nursery))
         nursery.start_soon(convoy.send, batch("first", 1))
         # In this order, while the first round is on the wire:
-        for job, count in (("big", ROUND_REQUESTS + 10), ("x", 100), ("y", 100), ("z", 100)):
+        for job, count in (("big", BATCH_REQUESTS + 10), ("x", 100), ("y", 100), ("z", 100)):
             await trio.sleep(0.1)
             nursery.start_soon(convoy.send, batch(job, count))
     # The oversized batch alone; then x and y fill a round, z waits for the next.
-    assert [len(r) for r in post.rounds] == [1, ROUND_REQUESTS + 10, 200, 100]
+    assert [len(r) for r in post.rounds] == [1, BATCH_REQUESTS + 10, 200, 100]
 
 
 async def test_a_batch_given_up_before_it_boards_is_never_sent(
@@ -190,3 +191,34 @@ async def test_a_round_goes_on_for_those_still_waiting(
         nursery.start_soon(send, "kept", 60.0)
     assert answered == [2]
     assert trio.current_time() == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "taken"),
+    [
+        # Count-bound: the limit's count of small chunks, the rest for the next batch.
+        ([10] * (BATCH_REQUESTS + 5), BATCH_REQUESTS),
+        # Byte-bound: chunks are taken while the batch is under BATCH_BYTES; the last
+        # one taken passes it by its own size, and a round then boards that batch alone.
+        ([BATCH_BYTES // 2 + 1] * 4, 2),
+        ([BATCH_BYTES // 4] * 6, 4),
+        # One chunk over the limit still goes, alone.
+        ([BATCH_BYTES * 2, 1], 1),
+    ],
+)
+async def test_a_streams_batch_and_a_round_share_one_limit(sizes: list[int], taken: int) -> None:
+    send, receive = trio.open_memory_channel[bytes](len(sizes))
+    for size in sizes:
+        send.send_nowait(b"x" * size)
+    first = receive.receive_nowait()
+    batch = _take_batch(first, receive)
+    assert len(batch) == taken
+    assert sum(map(len, batch)) < BATCH_BYTES + max(sizes)
+    # A round holds that batch whole; another stream's chunk, which would take it past the
+    # limit, waits for a round of its own.
+    post = Post(hold=0.0)
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery))
+        nursery.start_soon(convoy.send, [("http://p/a", body) for body in batch])
+        nursery.start_soon(convoy.send, [("http://p/b", b"y" * 10)])
+    assert sorted(len(r) for r in post.rounds) == sorted([1, taken])

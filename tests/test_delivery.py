@@ -567,3 +567,27 @@ async def test_cancelling_serve_cuts_a_pending_result_to_report_deadline(
     # Not the 300 s budget: at most report_deadline from the report's start.
     assert cancelled < ended <= reported + 5.0 + 0.01
     assert len(lost_lines(caplog)) == 1
+
+
+async def test_a_retry_after_longer_than_the_grace_is_cut_to_one_last_attempt(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Measured on the worker before the shutdown plan: the 30 s wait was slept through the
+    # 20 s grace, with no last attempt, and RESULT LOST was logged.
+    caplog.set_level(logging.ERROR, logger="trio_worker")
+    platform = FakePlatform()
+    platform.inject(Fault("done", status=503, retry_after=30.0))
+    timings = Timings(shutdown_grace=20.0)
+    async with running(platform, echo, timings=timings) as handle:
+        job_id = platform.enqueue({})
+        with trio.fail_after(3600):
+            await platform.wait_for_requests("done", 1)
+        await trio.sleep(1.0)
+        shutdown = trio.current_time()
+        handle.shutdown("SIGTERM")
+    refused, delivered = done_requests(platform, job_id)
+    assert refused.status == 503
+    assert delivered.status == 200
+    assert shutdown < delivered.time <= shutdown + 20.0
+    assert platform.job(job_id).status == "COMPLETED"
+    assert lost_lines(caplog) == []

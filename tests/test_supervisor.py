@@ -555,3 +555,60 @@ async def test_asyncio_handler_swallowing_the_grace_cancellation_still_gets_its_
     await returned.wait()
     await trio.sleep(5)
     assert len(harness.platform.job(job_id).done_reports) == 1
+
+
+@pytest.mark.parametrize("backend", ["trio"])
+async def test_reports_in_flight_at_the_grace_end_beside_a_stuck_thread_keep_their_floor(
+    backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    # At the end of the grace one handler is stuck in its thread (it never looks at
+    # check_cancelled()) and another job's result is still being retried. The stuck job
+    # is reported worker_shutdown; the result in flight keeps its report_deadline floor
+    # past the grace's end (docs/reliability.md), and is delivered inside it.
+    release = threading.Event()
+
+    def handler(job: dict[str, Any]) -> Any:
+        if job["input"].get("stuck"):
+            release.wait(30)
+        return job["input"]
+
+    timings = trio_worker.Timings(
+        shutdown_grace=2.0, report_deadline=6.0, report_budget=300.0, report_backoff_max=0.25
+    )
+    try:
+        handle = await harness.start(nursery, handler, timings=timings, concurrency=2)
+        stuck = harness.platform.enqueue({"stuck": True})
+        await harness.wait_until(lambda: stuck in handle.held_ids)
+        harness.platform.inject(Fault("done", status=503))
+        late = harness.platform.enqueue({"n": 1})
+        with trio.fail_after(60):
+            await harness.platform.wait_for_requests("done", 1)
+        reported = trio.current_time()
+        # Refused until 3.5 s into the report: past the grace's end (2 s), inside its
+        # report_deadline floor (6 s).
+        harness.platform.inject(Fault("done", status=503, times=10**9, until=reported + 3.5))
+        handle.shutdown("SIGTERM")
+        await harness.finished.wait()
+    finally:
+        release.set()
+    record = harness.platform.job(late)
+    assert record.status == "COMPLETED"
+    assert record.done_time is not None
+    assert reported + 3.5 <= record.done_time <= reported + 6.0
+    assert error_of(harness.platform, stuck)["error_category"] == "worker_shutdown"
+
+
+@pytest.mark.parametrize("backend", ["trio"])
+async def test_the_reprs_show_the_state_of_each_layer(
+    backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    handle = await harness.start(nursery, echo_on(backend))
+    job_id = harness.platform.enqueue({"seconds": 100})
+    await harness.wait_until(lambda: job_id in handle.held_ids)
+    supervisor = handle._supervisor
+    assert repr(supervisor).startswith("<Supervisor ready held=1 concurrency=1 <ShutdownPlan")
+    assert f"{job_id}: running" in repr(supervisor.driver)
+    handle.shutdown("SIGTERM")
+    assert "draining reason='SIGTERM'" in repr(supervisor.plan)
+    assert "reporting=[]" in repr(supervisor.delivery)
+    await harness.finished.wait()

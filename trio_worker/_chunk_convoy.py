@@ -1,4 +1,8 @@
-"""The stream chunks of every job, posted together: one pipelined write per round.
+"""The per-worker stream poster: the chunks of every job, posted together, one write a round.
+
+Every streaming job's :func:`~trio_worker._chunk_posts.post_chunks` hands its waiting chunks
+to the one :class:`ChunkConvoy` of the worker (the runner's ``chunks``), which posts them to
+the job-stream route (docs/protocol.md §2.4).
 
 Posting each stream's chunks on its own connection costs one write, one wake-up and one
 read per chunk: 64 streams of 50 tokens a second are 3,200 request rounds a second, and on
@@ -8,17 +12,22 @@ are waiting when a round starts go out in one write on one kept-alive connection
 answers read back in order; batches that arrive while a round is on the wire wait for the
 next one, so the busier the worker, the more each round carries.
 
+One limit (:data:`BATCH_REQUESTS`, :data:`BATCH_BYTES`) bounds both a stream's batch and a
+round of every stream's batches: the bodies a round holds are at most the limit plus one
+chunk (a batch takes chunks while it has room, a round boards whole batches while they
+fit, and its first whatever its size); the platform client bounds each answer.
+
 A round runs in a task of its own beside the jobs (:data:`Spawn`), not in the task of
 the stream that started it: a job cancelled while its chunks share a round with other
 jobs' chunks abandons only its own wait, and cuts nobody else's round short (which would
 make them send again chunks the platform may already have). A round nobody waits for any
 more is cancelled at once, so it never holds the jobs' nursery open past a shutdown.
-Where no such place exists (local mode, tests with no supervisor), each stream posts its
-own batch, as before.
+Where no such place exists (tests with no supervisor), each stream posts its own batch.
 
 What each stream makes of its answers (order, retries, budget) is
-:func:`~trio_worker._chunk_posts.post_chunks`'s business, unchanged: a round is one attempt
-at each chunk in it, and a chunk it did not get an answer for is that stream's to send again.
+:func:`~trio_worker._chunk_posts.post_chunks`'s business: a round is one attempt at each
+chunk in it, and a chunk it did not get an answer for is that stream's to send again, on its
+own, with the delivery's retry policy (:meth:`~trio_worker._delivery.Delivery.post`).
 """
 
 from __future__ import annotations
@@ -31,7 +40,10 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
+from ._platform._client import ReportOutcome, is_retryable, report_retry_after
+
 if TYPE_CHECKING:
+    from ._delivery import Delivery
     from ._platform._http import HttpResponse
 
 log = logging.getLogger("trio_worker")
@@ -41,11 +53,23 @@ Spawn: TypeAlias = Callable[[Callable[[], Awaitable[None]]], bool]
 #: ``post(requests)``: one pipelined attempt at each ``(url, body)``; the answers to a prefix.
 PostPipelined: TypeAlias = Callable[[list[tuple[str, bytes]]], Awaitable[list["HttpResponse"]]]
 
-# A round stops boarding batches at this many requests or bytes of body (one batch always
-# boards, whatever its size): a round cut short by a broken connection sends its
-# unanswered chunks again one at a time, so it is kept modest.
-ROUND_REQUESTS = 256
-ROUND_BYTES = 1024 * 1024
+# The one batch limit: a stream's batch, and a round of every stream's batches, take
+# chunks up to this many requests or bytes of body. A round cut short by a broken
+# connection sends its unanswered chunks again one at a time, so it is kept modest.
+BATCH_REQUESTS = 256
+BATCH_BYTES = 1024 * 1024
+
+
+def has_room(requests: int, size: int) -> bool:
+    """Whether a stream's batch of *requests* chunks and *size* bytes may take one more
+    (the chunk taken last may pass :data:`BATCH_BYTES` by its own size)."""
+    return requests < BATCH_REQUESTS and size < BATCH_BYTES
+
+
+def fits(requests: int, size: int, seat: _Seat) -> bool:
+    """Whether a round of *requests* and *size* bytes may board *seat* within the limit
+    (the first seat boards whatever its size: a round holds at most one batch over it)."""
+    return requests + len(seat.requests) <= BATCH_REQUESTS and size + seat.size <= BATCH_BYTES
 
 
 @dataclass(eq=False)
@@ -61,15 +85,75 @@ class _Seat:
 
 
 class ChunkConvoy:
-    """Pipelined batches of many streams, sent together in rounds by one task."""
+    """The worker's stream poster: pipelined batches of many streams, sent together in
+    rounds by one task (:meth:`send`), and single chunks retried on their own
+    (:meth:`send_chunk`). It is the runner's :class:`~trio_worker._chunk_posts.ChunkSink`
+    when built with the worker's *delivery*."""
 
-    def __init__(self, post: PostPipelined, spawn: Spawn | None) -> None:
+    def __init__(
+        self, post: PostPipelined, spawn: Spawn | None, *, delivery: Delivery | None = None
+    ) -> None:
         self._post = post
         self._spawn = spawn
+        self._delivery = delivery
         self._waiting: deque[_Seat] = deque()
         self._driving = False
         self._boarded: list[_Seat] = []
         self._round_scope = trio.CancelScope()
+
+    def __repr__(self) -> str:
+        boarded = sum(len(seat.requests) for seat in self._boarded)
+        waiting = sum(len(seat.requests) for seat in self._waiting)
+        return f"<ChunkConvoy driving={self._driving} boarded={boarded} waiting={waiting}>"
+
+    # -- the ChunkSink of the platform ----------------------------------------------------
+
+    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
+        delivery = self._platform()
+        url = delivery.settings.platform.stream_url(job_id)
+        # A stream whose budget is spent still gives each chunk one attempt's timeout: the
+        # platform may be back.
+        once = trio.current_time() + delivery.timings.report_attempt_bound(len(body))
+        outcome = ReportOutcome()
+        with trio.move_on_at(max(retry_until, once)):
+            await delivery.post(url, body, job_id=job_id, outcome=outcome)
+        if not outcome.delivered:
+            _log_lost(job_id, outcome.attempts, outcome.last_error or "no attempt made")
+        return outcome.delivered
+
+    async def send_batch(
+        self, job_id: str, bodies: list[bytes], *, retry_until: float
+    ) -> list[bool | None]:
+        delivery = self._platform()
+        verdicts: list[bool | None] = [None] * len(bodies)
+        if not delivery.client.pipelining:
+            return verdicts
+        url = delivery.settings.platform.stream_url(job_id)
+        answers = await self.send([(url, body) for body in bodies])
+        wait = 0.0
+        for index, answer in enumerate(answers):
+            status = answer.status
+            if 200 <= status < 300:
+                verdicts[index] = True
+            elif not is_retryable(status):
+                _log_lost(job_id, 1, f"HTTP {status}")
+                verdicts[index] = False
+            elif status in (429, 503):
+                wait = max(wait, report_retry_after(answer) or 0.0)
+        if wait and None in verdicts:
+            # A 429 or 503 asked for a pause: the chunks go again after it, as a report
+            # retried on its own would (within the stream's budget and the shutdown plan).
+            bound = delivery.timings.report_attempt_bound(len(bodies[0]))
+            until = min(trio.current_time() + wait, retry_until)
+            await delivery.plan.wait_to_retry(until, bound)
+        return verdicts
+
+    def _platform(self) -> Delivery:
+        if self._delivery is None:
+            raise RuntimeError("a ChunkConvoy built without a delivery posts no stream chunks")
+        return self._delivery
+
+    # -- rounds ---------------------------------------------------------------------------
 
     async def send(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
         """One attempt at each request, in a round with whatever else is waiting: the
@@ -131,7 +215,7 @@ class ChunkConvoy:
         requests, size = len(first.requests), first.size
         while self._waiting:
             seat = self._waiting[0]
-            if requests + len(seat.requests) > ROUND_REQUESTS or size + seat.size > ROUND_BYTES:
+            if not fits(requests, size, seat):
                 break
             boarded.append(self._waiting.popleft())
             requests += len(seat.requests)
@@ -147,3 +231,9 @@ class ChunkConvoy:
             # at a time, on each stream's own account.
             log.exception("a round of %d pipelined stream chunks failed", len(requests))
             return []
+
+
+def _log_lost(job_id: str, attempts: int, error: str) -> None:
+    log.error(
+        "stream chunk for job %s not delivered after %d attempt(s): %s", job_id, attempts, error
+    )

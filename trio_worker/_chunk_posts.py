@@ -13,26 +13,17 @@ within the stream's budget.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import trio
 
-from ._chunk_convoy import ChunkConvoy, Spawn
-from ._platform._client import PlatformClient, ReportOutcome, is_retryable, report_retry_after
-
-if TYPE_CHECKING:
-    from ._config import Settings
+from ._chunk_convoy import has_room
 
 log = logging.getLogger("trio_worker")
 
 # Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
 # an unbounded backlog in memory.
 STREAM_PIPELINE_DEPTH = 64
-# Chunks stop joining a batch at this many, or once this many bytes of body (past the
-# first chunk's) have joined it: a failed batch goes again chunk by chunk, so it is kept
-# modest.
-PIPELINE_BATCH = 32
-PIPELINE_BATCH_BYTES = 256 * 1024
 
 
 class ChunkSink(Protocol):
@@ -50,61 +41,6 @@ class ChunkSink(Protocol):
         refused for good (and logged), None when it is worth sending again (after the
         wait the platform asked for, if any, up to *retry_until*)."""
         ...
-
-
-class PlatformChunks:
-    """Posts chunks to the job-stream route; pipelined batches of all streams together
-    (:class:`~trio_worker._chunk_convoy.ChunkConvoy`) when *spawn* gives their rounds a
-    task beside the jobs."""
-
-    def __init__(
-        self, client: PlatformClient, settings: Settings, spawn: Spawn | None = None
-    ) -> None:
-        self.client = client
-        self.settings = settings
-        self._convoy = ChunkConvoy(client.post_pipelined, spawn)
-
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
-        url = self.settings.platform.stream_url(job_id)
-        # A stream whose budget is spent still gives each chunk one attempt's timeout: the
-        # platform may be back.
-        once = trio.current_time() + self.settings.timings.report_attempt_bound(len(body))
-        outcome = ReportOutcome()
-        with trio.move_on_at(max(retry_until, once)):
-            await self.client.post_report(url, body, job_id=job_id, outcome=outcome)
-        if not outcome.delivered:
-            _log_lost(job_id, outcome.attempts, outcome.last_error or "no attempt made")
-        return outcome.delivered
-
-    async def send_batch(
-        self, job_id: str, bodies: list[bytes], *, retry_until: float
-    ) -> list[bool | None]:
-        verdicts: list[bool | None] = [None] * len(bodies)
-        if not self.client.pipelining:
-            return verdicts
-        url = self.settings.platform.stream_url(job_id)
-        answers = await self._convoy.send([(url, body) for body in bodies])
-        wait = 0.0
-        for index, answer in enumerate(answers):
-            status = answer.status
-            if 200 <= status < 300:
-                verdicts[index] = True
-            elif not is_retryable(status):
-                _log_lost(job_id, 1, f"HTTP {status}")
-                verdicts[index] = False
-            elif status in (429, 503):
-                wait = max(wait, report_retry_after(answer) or 0.0)
-        if wait and None in verdicts:
-            # A 429 or 503 asked for a pause: the chunks go again after it, as a report
-            # retried on its own would (within the stream's budget).
-            await trio.sleep(max(0.0, min(wait, retry_until - trio.current_time())))
-        return verdicts
-
-
-def _log_lost(job_id: str, attempts: int, error: str) -> None:
-    log.error(
-        "stream chunk for job %s not delivered after %d attempt(s): %s", job_id, attempts, error
-    )
 
 
 async def post_chunks(
@@ -151,10 +87,12 @@ async def post_chunks(
 
 
 def _take_batch(first: bytes, receive: trio.MemoryReceiveChannel[bytes]) -> list[bytes]:
-    """*first* and the chunks already waiting behind it, within the batch's bounds."""
+    """*first* and the chunks already waiting behind it, while the batch has room within
+    the one limit (:func:`~trio_worker._chunk_convoy.has_room`): the last one taken may
+    pass the byte limit by its own size."""
     batch = [first]
-    size = 0
-    while len(batch) < PIPELINE_BATCH and size < PIPELINE_BATCH_BYTES:
+    size = len(first)
+    while has_room(len(batch), size):
         try:
             body = receive.receive_nowait()
         except (trio.WouldBlock, trio.EndOfChannel):

@@ -1,44 +1,22 @@
-"""Posting what the worker owes the platform for a job (docs/design.md §5).
-
-Theory of operation
--------------------
-A terminal report runs under a shield (docs/design.md §4 I5) whose deadline is the job's
-delivery budget, ``report_budget`` from the moment its report starts: attempts are retried
-until one is acknowledged, so a platform outage shorter than the budget loses nothing.
-The job stays held meanwhile (the driver settles it only when :meth:`Delivery.deliver`
-returns), so it keeps its slot and its id in every ping.
-
-When the worker stops (an init failure, the end of ``shutdown_grace``, a cancellation of
-``serve()``), :meth:`Delivery.cut` shortens every shield, as the take's deadline is: a report
-then ends by the cut, but never before ``report_deadline`` after it began, so the report of
-a job cut at the end of the grace still gets its chance. A loss is logged with the job id.
-
-Progress updates share the reports' connection pool; at most one is in flight per job, a
-newer one replaces one still waiting, and the final report waits for them at most
-``progress_bound`` before cutting them, so an update never lands after the final result
-nor holds it up.
-
-A final report refused for good (400, 413) is answered by a small error report for the job,
-so the caller still learns the outcome.
-"""
-
 from __future__ import annotations
 
 import json
 import logging
-import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._errors import WorkerIdentity, encode_body, json_error_body
-from ._platform._client import ReportOutcome
+from ._platform._client import ReportOutcome, backoff_delay, is_retryable
+from ._progress import ProgressPosts
 from ._version import __version__
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._config import Settings
     from ._platform._client import PlatformClient
+    from ._shutdown_plan import ShutdownPlan
 
 log = logging.getLogger("trio_worker")
 
@@ -46,45 +24,70 @@ log = logging.getLogger("trio_worker")
 REFUSED = {400: "bad request", 413: "payload too large"}
 
 
-@dataclass
-class _Progress:
-    """One job's progress posts: the task posting them, and the newest update waiting."""
-
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    idle: trio.Event = field(default_factory=trio.Event)
-    pending: bytes | None = None
-
-
-@dataclass
-class _Shield:
-    started: float
-    scope: trio.CancelScope
-
-
 class Delivery:
-    def __init__(self, settings: Settings, client: PlatformClient) -> None:
+    def __init__(self, settings: Settings, client: PlatformClient, plan: ShutdownPlan) -> None:
         self.settings = settings
         self.timings = settings.timings
         self.client = client
+        self.plan = plan
         platform = settings.platform
         self.identity = WorkerIdentity(platform.worker_id, platform.hostname, __version__)
-        self._stop_at = math.inf
-        self._shields: dict[str, _Shield] = {}
-        self._progress: dict[str, _Progress] = {}
+        self.progress = ProgressPosts(settings, plan, self.post)
+        # The jobs whose terminal report is in flight, and when each began.
+        self._reporting: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"<Delivery reporting={sorted(self._reporting)} {self.progress!r} {self.plan!r}>"
+
+    # -- the one retry policy --------------------------------------------------------------
+
+    async def post(
+        self,
+        url: str,
+        body: bytes,
+        *,
+        job_id: str,
+        outcome: ReportOutcome,
+        superseded: Callable[[], bool] | None = None,
+    ) -> None:
+        """POST one report until it is acknowledged, refused for good, or time runs out.
+
+        Never raises for platform trouble. There is no attempt limit: the caller's cancel
+        scope bounds the whole (bound to the shutdown plan), and each wait between attempts
+        reads that deadline to leave room for one last attempt. Each attempt has its own
+        timeout, grown with the body's size, so one hung connection costs one attempt.
+        *outcome* is filled in as attempts are made, so a caller whose scope ran out still
+        knows how many were made and the last error. *superseded* is asked before each
+        retry: when it says yes (a newer progress update is waiting), the report is
+        abandoned.
+        """
+        timings = self.timings
+        bound = timings.report_attempt_bound(len(body))
+        while True:
+            status = await _attempt(self.client, url, body, bound, outcome)
+            if outcome.delivered or (status is not None and not is_retryable(status)):
+                return
+            if superseded is not None and superseded():
+                outcome.last_error = f"{outcome.last_error}; superseded by a newer update"
+                return
+            delay = backoff_delay(
+                outcome.attempts - 1, timings.error_backoff_min, timings.report_backoff_max
+            )
+            if outcome.retry_after is not None:
+                # As asked, never less than the backoff: "Retry-After: 0" must not make a
+                # hot loop of a budget with no attempt limit.
+                delay = max(outcome.retry_after, delay)
+            if _worth_logging(outcome.attempts):
+                log.warning(
+                    "report for job %s failed (%s, attempt %d); retrying in %.2fs",
+                    job_id,
+                    outcome.last_error,
+                    outcome.attempts,
+                    delay,
+                )
+            await self.plan.wait_to_retry(trio.current_time() + delay, bound)
 
     # -- the terminal report ---------------------------------------------------------------
-
-    def cut(self, when: float) -> None:
-        """The worker stops at *when*: every report, pending or to come, ends by then, or
-        ``report_deadline`` after it began if that is later."""
-        self._stop_at = min(self._stop_at, when)
-        for shield in self._shields.values():
-            shield.scope.deadline = self._deadline(shield.started)
-
-    def _deadline(self, started: float) -> float:
-        timings = self.timings
-        floor = max(self._stop_at, started + timings.report_deadline)
-        return min(started + timings.report_budget, floor)
 
     async def deliver(self, job_id: str, body: bytes, *, is_stream: bool) -> bool:
         """Post a terminal report, shielded, within the job's budget; False when it was
@@ -92,13 +95,19 @@ class Delivery:
         url = self.settings.platform.done_url(job_id, is_stream=is_stream)
         started = trio.current_time()
         outcome = ReportOutcome()
+        self.progress.closed.add(job_id)
+        self._reporting[job_id] = started
         try:
-            with trio.CancelScope(shield=True, deadline=self._deadline(started)) as scope:
-                self._shields[job_id] = _Shield(started, scope)
-                await self._quiet_progress(job_id)
-                await self._post_final(url, job_id, body, outcome)
+            with trio.CancelScope(shield=True) as scope:
+                self.plan.bind(scope, lambda plan: plan.report_deadline(started))
+                try:
+                    await self.progress.quiet(job_id)
+                    await self._post_final(url, job_id, body, outcome)
+                finally:
+                    self.plan.unbind(scope)
         finally:
-            self._shields.pop(job_id, None)
+            del self._reporting[job_id]
+            self.progress.closed.discard(job_id)
         if not outcome.delivered:
             log.error(
                 "RESULT LOST for job %s after %d attempt(s) over %.1fs: last error %s",
@@ -110,7 +119,7 @@ class Delivery:
         return outcome.delivered
 
     async def _post_final(self, url: str, job_id: str, body: bytes, outcome: ReportOutcome) -> None:
-        await self.client.post_report(url, body, job_id=job_id, outcome=outcome)
+        await self.post(url, body, job_id=job_id, outcome=outcome)
         status = outcome.status
         if outcome.delivered or status not in REFUSED:
             return
@@ -124,7 +133,7 @@ class Delivery:
         )
         notice = self._refusal_body(job_id, status, body)
         refusal = ReportOutcome(attempts=outcome.attempts)
-        await self.client.post_report(url, notice, job_id=job_id, outcome=refusal)
+        await self.post(url, notice, job_id=job_id, outcome=refusal)
         outcome.delivered, outcome.attempts = refusal.delivered, refusal.attempts
         outcome.last_error = refusal.last_error and f"{refusal.last_error} (refusal report)"
 
@@ -148,75 +157,21 @@ class Delivery:
             notice["stopPod"] = True
         return encode_body(notice)
 
-    # -- progress updates ------------------------------------------------------------------
 
-    def spawn_progress(self, nursery: trio.Nursery, job_id: str, body: bytes) -> None:
-        """Post a progress update in *nursery*; while one is in flight the newest waits."""
-        if job_id in self._shields:
-            log.warning("progress_update for job %s after its final result; ignored", job_id)
-            return
-        progress = self._progress.get(job_id)
-        if progress is not None:
-            progress.pending = body  # an older update still waiting is superseded
-            return
-        progress = self._progress[job_id] = _Progress()
-        nursery.start_soon(self._post_progress, job_id, progress, body)
+async def _attempt(
+    client: PlatformClient, url: str, body: bytes, bound: float, outcome: ReportOutcome
+) -> int | None:
+    """One POST under its own timeout: the status answered, or None for none.
 
-    def discard(self, job_id: str) -> None:
-        """The job is over: cancel whatever progress it still has in flight."""
-        progress = self._progress.get(job_id)
-        if progress is not None:
-            progress.pending = None
-            progress.scope.cancel()
+    The platform client's single attempt (its error mapping, its ``Retry-After`` parse);
+    the retries around it are :meth:`Delivery.post`'s.
+    """
+    return await client._attempt(url, body, bound, outcome)
 
-    async def _post_progress(self, job_id: str, progress: _Progress, body: bytes) -> None:
-        url = self.settings.platform.done_url(job_id, is_stream=False)
-        update: bytes | None = body
 
-        def superseded() -> bool:
-            return progress.pending is not None
-
-        try:
-            with progress.scope:
-                while update is not None:
-                    outcome = ReportOutcome()
-                    with trio.move_on_after(self.timings.report_budget):
-                        await self.client.post_report(
-                            url, update, job_id=job_id, outcome=outcome, superseded=superseded
-                        )
-                    if not outcome.delivered and progress.pending is None:
-                        log.warning(
-                            "progress update for job %s not delivered: %s",
-                            job_id,
-                            outcome.last_error or "no attempt made",
-                        )
-                    update, progress.pending = progress.pending, None
-        finally:
-            progress.idle.set()
-            if self._progress.get(job_id) is progress:
-                del self._progress[job_id]
-
-    async def _quiet_progress(self, job_id: str) -> None:
-        """Let the job's progress posts (the one in flight, and the newest waiting) go out,
-        for at most ``progress_bound``; no new one is accepted meanwhile."""
-        progress = self._progress.get(job_id)
-        if progress is None:
-            return
-        bound = self.timings.progress_bound
-        with trio.move_on_after(bound):
-            await progress.idle.wait()
-        if not progress.idle.is_set():
-            log.warning(
-                "progress update for job %s still in flight after %.1fs; cancelled so the "
-                "final report goes",
-                job_id,
-                bound,
-            )
-            progress.pending = None
-            progress.scope.cancel()
-            # Unwinding closes its connection at once; bounded all the same.
-            with trio.move_on_after(bound):
-                await progress.idle.wait()
+def _worth_logging(attempt: int) -> bool:
+    """Attempts 1, 2, 4, 8, ...: an outage of minutes is visible without a line a second."""
+    return attempt & (attempt - 1) == 0
 
 
 def _asks_stop_pod(body: bytes) -> bool:

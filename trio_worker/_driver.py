@@ -15,7 +15,6 @@ unwinds and settles the job itself.
 from __future__ import annotations
 
 import logging
-import math
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -42,8 +41,13 @@ if TYPE_CHECKING:
     from ._lifecycle import HeldJob, Ledger, Phases
     from ._platform._wire import TakeResponse
     from ._runner import JobRunner, Report
+    from ._shutdown_plan import ShutdownPlan
 
 log = logging.getLogger("trio_worker")
+
+
+def _grace_end(plan: ShutdownPlan) -> float:
+    return plan.grace_end
 
 
 def drain(receive: trio.MemoryReceiveChannel[HeldJob]) -> list[HeldJob]:
@@ -65,6 +69,7 @@ class JobDriver:
         gate: trio.Event,
         runner: JobRunner,
         delivery: Delivery,
+        plan: ShutdownPlan,
         timings: Timings,
         refresh: Callable[[], None] | None,
         slots: trio.CapacityLimiter,
@@ -74,18 +79,24 @@ class JobDriver:
         self.gate = gate
         self.runner = runner
         self.delivery = delivery
+        self.plan = plan
         self.timings = timings
         self.refresh = refresh
         self.slots = slots
-        self.shutdown_deadline = math.inf
         self.init_failed_body: bytes | None = None
         # Set by the supervisor: a handler raised SystemExit/KeyboardInterrupt.
         self.on_exit: Callable[[SystemExit | KeyboardInterrupt], None] | None = None
         self._scopes: dict[str, trio.CancelScope] = {}
 
+    def __repr__(self) -> str:
+        states = ", ".join(f"{job.id}: {job.state.value}" for job in self.ledger)
+        return f"<JobDriver {self.phases.phase.value} jobs={{{states}}} scopes={len(self._scopes)}>"
+
     def fire(self, job: HeldJob, event: JobEvent) -> None:
         if self.ledger.fire(job, event).terminal:
-            self._scopes.pop(job.id, None)
+            scope = self._scopes.pop(job.id, None)
+            if scope is not None:
+                self.plan.unbind(scope)
 
     def request(self, job: HeldJob, event: JobEvent) -> None:
         """Fire a stop or release request and cancel the job's scope, so its task unwinds."""
@@ -110,7 +121,9 @@ class JobDriver:
             if job is None:
                 log.warning("job %s delivered again while held; ignoring the duplicate", job_id)
                 continue
-            self._scopes[job_id] = trio.CancelScope(deadline=self.shutdown_deadline)
+            # A job's scope ends with the shutdown's grace (docs/design.md §9).
+            self._scopes[job_id] = scope = trio.CancelScope()
+            self.plan.bind(scope, _grace_end)
             job.reason = malformed or ""
             held.append((job, malformed is not None))
         # Every job of the answer is held before any of them moves (the ledger is the take).
@@ -137,14 +150,12 @@ class JobDriver:
             self.request(job, JobEvent.REQUEST_STOP)
         return True
 
-    def begin_shutdown(self, deadline: float) -> None:
-        """Give every held job *deadline*; release those behind a closed gate."""
-        self.shutdown_deadline = deadline
+    def release_gated(self) -> None:
+        """A shutdown began: release the held jobs that would not start in its grace
+        (``releases_at_shutdown``); the plan gave every job's scope the grace's end."""
         for job in self.ledger:
-            scope = self._scopes.get(job.id)
-            if scope is None:
+            if job.id not in self._scopes:
                 continue
-            scope.deadline = deadline
             if releases_at_shutdown(job.state, gate_open=self.phases.gate_open):
                 self.request(job, JobEvent.REQUEST_RELEASE)
 
@@ -155,7 +166,7 @@ class JobDriver:
             await self._run_and_report(job)
         finally:
             # Stopped, released or reported: no progress update of the job may go on.
-            self.delivery.discard(job.id)
+            self.delivery.progress.discard(job.id)
 
     async def _run_and_report(self, job: HeldJob) -> None:
         report: Report | None = None
@@ -231,7 +242,7 @@ class JobDriver:
             self.slots.release()
 
     def _outcome(self, job: HeldJob) -> Outcome:
-        grace_over = trio.current_time() >= self.shutdown_deadline
+        grace_over = self.plan.grace_over(trio.current_time())
         return on_cancelled(job.state, self.phases.phase, grace_over=grace_over)
 
     def _settle_now(self, job: HeldJob) -> bytes | None:

@@ -9,16 +9,15 @@ first, under a watchdog that exits anyway if a flush hangs.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
+from ._capture import flush_stdio
 from ._config import DEFAULT_EXIT_FLUSH_WATCHDOG
 
 if TYPE_CHECKING:
@@ -34,24 +33,26 @@ log = logging.getLogger("trio_worker")
 _LOOP_ANSWER_BOUND = 1.0
 
 
-def _flush_c_stdio() -> None:
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):  # no libc (unusual platforms): nothing to flush
-        pass
-
-
 def flush_all(capture: OutputCapture | None) -> None:
     """Flush logging handlers, Python streams, C stdio, and the capture's pipe."""
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or broken stream: nothing more to save
-            pass
-    _flush_c_stdio()
+    flush_stdio()
     if capture is not None:
         capture.stop()
+
+
+def exit_status(exc: SystemExit | KeyboardInterrupt) -> int:
+    """The process's exit status for *exc*, as Python's own would be.
+
+    ``sys.exit(n)`` exits with *n* (modulo 256), ``sys.exit()`` with 0, ``sys.exit("text")``
+    with 1, ``KeyboardInterrupt`` with 130 (128 + SIGINT, as shells report it).
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    code = exc.code
+    if code is None:
+        return 0
+    return code & 0xFF if isinstance(code, int) else 1
 
 
 def exit_process(

@@ -3,12 +3,12 @@
 Two background duties of the supervisor, kept apart from its four tasks:
 
 * ``expire``: once the shutdown grace has run out (threads that ignore
-  ``check_cancelled()`` stop holding the exit up by then: ``ThreadWaits.end_by``), a
+  ``check_cancelled()`` stop holding the exit up by then: the plan's ``grace_end``), a
   handler that swallowed its cancellation gets its ``worker_shutdown`` report sent for it;
   then ``start()``'s exit guard is told the worker has settled (docs/design.md §9).
 * ``watch``: a cancellation of the whole worker (init failure, ``serve()`` cancelled, a
-  second SIGINT) would otherwise wait out every shielded report's budget: the reports are
-  cut instead (docs/design.md §5).
+  second SIGINT) would otherwise wait out every shielded report's budget: the shutdown
+  plan is cut instead, and every report with it (docs/design.md §5).
 
 Both end with the run task (``end``), when every job task is over.
 """
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ._config import Timings
-    from ._delivery import Delivery
     from ._driver import JobDriver
     from ._exit import ExitGuard
     from ._lifecycle import Ledger
+    from ._shutdown_plan import ShutdownPlan
 
 log = logging.getLogger("trio_worker")
 
@@ -40,13 +40,13 @@ class Grace:
         self,
         *,
         driver: JobDriver,
-        delivery: Delivery,
+        plan: ShutdownPlan,
         ledger: Ledger,
         timings: Timings,
         exit_hooks: ExitGuard | None,
     ) -> None:
         self._driver = driver
-        self._delivery = delivery
+        self._plan = plan
         self._ledger = ledger
         self._timings = timings
         self._exit_hooks = exit_hooks
@@ -61,7 +61,7 @@ class Grace:
     async def expire(self, ledger_changed: Callable[[], Awaitable[None]]) -> None:
         """At the shutdown deadline, settle what cannot settle itself."""
         with self._grace_scope:
-            await trio.sleep_until(self._driver.shutdown_deadline)
+            await trio.sleep_until(self._plan.grace_end)
             await trio.sleep(min(UNWIND_BOUND, self._timings.exit_watchdog / 2))
             stuck = await self._driver.settle_stuck()
             if not stuck:
@@ -81,4 +81,4 @@ class Grace:
                 await trio.sleep_forever()
             finally:
                 if not self._watch_scope.cancel_called:
-                    self._delivery.cut(trio.current_time())
+                    self._plan.cut("the worker was cancelled", now=trio.current_time())

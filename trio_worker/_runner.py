@@ -32,6 +32,7 @@ from ._errors import (
     safe_str,
     shutdown_error_body,
 )
+from ._exit import exit_status
 from ._handlers import (
     Handler,
     HandlerKind,
@@ -352,20 +353,6 @@ def log_failed_job(
     text = clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS)
     text = text.replace("\r", "\\r").replace("\n", "\\n")
     log.error("job %s failed: %s: %s (category %s)", job_id, error_type, text, category)
-
-
-def exit_status(exc: SystemExit | KeyboardInterrupt) -> int:
-    """The process's exit status for *exc*, as Python's own would be.
-
-    ``sys.exit(n)`` exits with *n* (modulo 256), ``sys.exit()`` with 0, ``sys.exit("text")``
-    with 1, ``KeyboardInterrupt`` with 130 (128 + SIGINT, as shells report it).
-    """
-    if isinstance(exc, KeyboardInterrupt):
-        return 130
-    code = exc.code
-    if code is None:
-        return 0
-    return code & 0xFF if isinstance(code, int) else 1
 
 
 def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | KeyboardInterrupt | None]:

@@ -38,9 +38,8 @@ from ._config import (
     reference_flags,
 )
 from ._exceptions import ConfigurationError, InitializationError
-from ._exit import ExitGuard, exit_process
+from ._exit import ExitGuard, exit_process, exit_status
 from ._options import worker_options
-from ._runner import exit_status
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence

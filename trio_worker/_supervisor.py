@@ -16,9 +16,12 @@ Four sibling tasks share one nursery:
 * **stop** long-polls job-stop and cancels the named job's scope.
 
 Every fact these tasks act on lives in ``_lifecycle.py`` (each job's state, the worker's
-phase, the ledger) and every choice is a pure function in ``_decisions.py``. This module
-keeps the four tasks, their cancel scopes and deadlines; ``_driver.py`` drives each job
-through admission, its own task and settlement; ``_delivery.py`` posts its reports.
+phase, the ledger) and every choice is a pure function in ``_decisions.py``. When and how
+the worker stops is ``_shutdown_plan.py``'s: a shutdown, an init failure or a cancellation
+of the whole worker changes the plan in one call, and every wait (the take, the jobs, their
+reports, progress and threads, the initializer, the idle and stop long-polls) reads it. This
+module keeps the four tasks and their cancel scopes; ``_driver.py`` drives each job through
+admission, its own task and settlement; ``_delivery.py`` posts its reports.
 
 On init failure every held job is failed with the same ``init_failed`` body: jobs at the
 gate report it as the cancellation reaches them, a take in flight gets ``claim_grace`` and
@@ -36,7 +39,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._delivery import Delivery
 from ._driver import JobDriver, drain
 from ._exceptions import (
     InitFailure,
@@ -49,12 +51,14 @@ from ._grace import Grace
 from ._initializer import Initializer, init_failure_report, run_initializer
 from ._intake import Backoff, Capacity, StopMemory
 from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
+from ._shutdown_plan import ShutdownPlan
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
 
     from ._capture import OutputCapture
     from ._config import Settings
+    from ._delivery import Delivery
     from ._exit import ExitGuard
     from ._handlers import ThreadWaits
     from ._lifecycle import HeldJob, TransitionHook
@@ -76,6 +80,7 @@ class Supervisor:
         *,
         settings: Settings,
         client: PlatformClient,
+        delivery: Delivery,
         runner: JobRunner,
         waits: ThreadWaits,
         initializer: Initializer | None,
@@ -90,11 +95,9 @@ class Supervisor:
         self.timings = timings = settings.timings
         self.client = client
         self.runner = runner
-        self.waits = waits
         self.initializer = initializer
         self.init_timeout = init_timeout
         self.capture = capture
-        self.refresh_worker = refresh_worker
         self.exit_hooks = exit_hooks
         self.ledger = Ledger(on_change=self._wake_take)
         self.phases = Phases()
@@ -104,7 +107,11 @@ class Supervisor:
                 self.phases.observers.append(phase_changed)
         self.capacity = capacity = Capacity(concurrency)
         self.stop_memory = StopMemory(timings.stop_memory, timings.stop_memory_size)
-        self.delivery = Delivery(settings, client)
+        # The one owner of stopping: every wait of the worker reads it, the thread waits
+        # through this listener (docs/how-it-works.md).
+        self.delivery = delivery
+        self.plan = plan = delivery.plan
+        plan.subscribe(lambda plan: waits.end_by(plan.grace_end))
         self.gate = trio.Event()  # wakes the jobs at the gate; the truth is self.phases
         self.driver = JobDriver(
             ledger=self.ledger,
@@ -112,6 +119,7 @@ class Supervisor:
             gate=self.gate,
             runner=runner,
             delivery=self.delivery,
+            plan=plan,
             timings=timings,
             refresh=partial(self.request_shutdown, "refresh_worker: first job done")
             if refresh_worker
@@ -120,7 +128,7 @@ class Supervisor:
         )
         self.grace = Grace(
             driver=self.driver,
-            delivery=self.delivery,
+            plan=plan,
             ledger=self.ledger,
             timings=timings,
             exit_hooks=exit_hooks,
@@ -130,14 +138,15 @@ class Supervisor:
         # first one wins; serve() raises it once the shutdown it started is over.
         self.exit_request: SystemExit | KeyboardInterrupt | None = None
         self.driver.on_exit = self.request_exit
-        self._claim_deadline = math.inf
         self._slot_event = trio.Event()
-        self._take_scope: trio.CancelScope | None = None
-        self._idle_scope = trio.CancelScope()
-        self._stop_scope = trio.CancelScope()
-        self._init_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._jobs: trio.Nursery | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Supervisor {self.phase.value} held={len(self.ledger)} "
+            f"concurrency={self.capacity.value} {self.plan!r}>"
+        )
 
     @property
     def phase(self) -> WorkerPhase:
@@ -175,14 +184,10 @@ class Supervisor:
         self._enter(PhaseEvent.DRAIN)
         if self.exit_hooks is not None:
             self.exit_hooks.arm(self.timings.shutdown_grace + self.timings.exit_watchdog)
-        now = trio.current_time()
-        self.driver.begin_shutdown(now + self.timings.shutdown_grace)
-        self.delivery.cut(now + self.timings.shutdown_grace)
-        self.waits.end_by(now + self.timings.shutdown_grace)
-        self._shorten_take(now + min(self.timings.take_drain, self.timings.shutdown_grace))
-        self._idle_scope.cancel()
-        self._stop_scope.cancel()
-        self._init_scope.cancel()
+        # Every wait reads the plan: the take, the jobs, their reports and threads, the
+        # initializer, the idle and stop long-polls all end by what it now says.
+        self.plan.drain(reason, now=trio.current_time())
+        self.driver.release_gated()
         if self._nursery is not None:
             self._nursery.start_soon(self.grace.expire, self._ledger_changed)
 
@@ -203,7 +208,7 @@ class Supervisor:
         if self.initializer is None:
             self._enter(PhaseEvent.INIT_OK)
             return
-        with self._init_scope:
+        with self.plan.open_scope(ShutdownPlan.when_stopping):
             failure = await run_initializer(self.initializer, self.init_timeout, self._init_logs)
             if failure is None:
                 log.info("initializer finished; handlers may run")
@@ -229,9 +234,7 @@ class Supervisor:
         self.driver.init_failed_body = init_failure_report(
             failure, self.runner.identity, self.settings.redactor
         )
-        self._claim_deadline = failure.failed_at + self.timings.claim_grace
-        self.delivery.cut(failure.failed_at)
-        self._shorten_take(self._claim_deadline)
+        self.plan.fail_init("the initializer failed", failed_at=failure.failed_at)
         self._enter(PhaseEvent.INIT_FAIL)
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
@@ -240,10 +243,6 @@ class Supervisor:
 
     def _wake_take(self) -> None:
         self._slot_event.set()
-
-    def _shorten_take(self, deadline: float) -> None:
-        if self._take_scope is not None:
-            self._take_scope.deadline = min(self._take_scope.deadline, deadline)
 
     @property
     def _taking(self) -> bool:
@@ -290,23 +289,20 @@ class Supervisor:
         # Shutdown cancels whatever idle wait the take loop is in, never a take in flight.
         if not self._taking:
             return
-        with trio.CancelScope() as self._idle_scope:
+        with self.plan.open_scope(ShutdownPlan.when_stopping):
             await wait(*args)
 
     async def _take_once(self, count: int) -> list[HeldJob]:
         """One shielded take; returns the jobs to run (may be empty)."""
-        deadline = min(
-            trio.current_time() + self.timings.take_poll_bound,
-            self._claim_deadline,
-            self.driver.shutdown_deadline,
-        )
+        deadline = trio.current_time() + self.timings.take_poll_bound
         held: list[HeldJob] = []
         with trio.CancelScope(shield=True, deadline=deadline) as scope:
-            self._take_scope = scope
+            # A stop shortens the take in flight (take_drain, claim_grace), never cancels it.
+            self.plan.bind(scope, lambda plan: plan.take_end)
             try:
                 response = await self.client.take(count, in_progress=len(self.ledger) > 0)
             finally:
-                self._take_scope = None
+                self.plan.unbind(scope)
             held = self.driver.admit(response, self.stop_memory.consume)
             if self.phase is WorkerPhase.INIT_FAILED and held:
                 # The nursery is cancelled: nobody else will report these.
@@ -334,11 +330,11 @@ class Supervisor:
 
     async def _claim_one_to_fail(self) -> None:
         """No job was ever held: take one, so the request that scaled us up learns why."""
-        if self.ledger.ever_held or trio.current_time() >= self._claim_deadline:
+        if self.ledger.ever_held or trio.current_time() >= self.plan.take_end:
             return
         if self.settings.platform.take_url is None:
             return
-        wait = self._claim_deadline - trio.current_time()
+        wait = self.plan.take_end - trio.current_time()
         log.warning(
             "initializer failed with no job held: waiting up to %.3g s to claim a request to fail",
             wait,
@@ -364,7 +360,7 @@ class Supervisor:
             log.warning("job-take URL has no /job-take/; the stop channel is disabled")
             return
         backoff = Backoff("job-stop", self.timings)
-        with self._stop_scope:
+        with self.plan.open_scope(ShutdownPlan.when_stopping):
             while True:
                 started = trio.current_time()
                 ids: list[str] = []
@@ -402,4 +398,4 @@ class Supervisor:
         if job_id not in self.ledger or self._jobs is None:
             log.warning("progress_update for job %s, which is not running; ignored", job_id)
             return
-        self.delivery.spawn_progress(self._jobs, job_id, body)
+        self.delivery.progress.spawn(self._jobs, job_id, body)

@@ -20,8 +20,9 @@ import trio
 
 from ._asyncio_host import escaped_exits_to, host_loop, require_host
 from ._capture import OutputCapture, install_python_stream_attribution
-from ._chunk_posts import PlatformChunks
+from ._chunk_convoy import ChunkConvoy
 from ._config import CaptureMode, Settings, Timings
+from ._delivery import Delivery
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
 from ._lifecycle import WorkerPhase
@@ -30,6 +31,7 @@ from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
 from ._runner import JobRunner, JobSpec, ProgressTarget, current_progress
+from ._shutdown_plan import ShutdownPlan
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -285,11 +287,13 @@ def _build(
         trio.lowlevel.current_trio_token(),
         host_loop() if options.async_backend == "asyncio" else None,
     )
+    # The one owner of stopping, read by every wait of the worker (docs/how-it-works.md).
+    delivery = Delivery(settings, client, ShutdownPlan(settings.timings))
     # Capacity is the ledger's business; the limiter only lifts trio's default of 40 threads.
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
-        PlatformChunks(client, settings, beside_the_jobs),
+        ChunkConvoy(client.post_pipelined, beside_the_jobs, delivery=delivery),
         capture,
         trio.CapacityLimiter(math.inf),
         waits,
@@ -299,6 +303,7 @@ def _build(
     supervisor = Supervisor(
         settings=settings,
         client=client,
+        delivery=delivery,
         runner=runner,
         waits=waits,
         initializer=initializer_for(options, waits),

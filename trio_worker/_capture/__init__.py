@@ -21,7 +21,7 @@ from ._attribution import (
     job_output,
     logs_for_job,
 )
-from ._fd import OutputCapture
+from ._fd import OutputCapture, flush_stdio
 from ._redact import REDACTED, Redactor
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "JobOutput",
     "OutputCapture",
     "Redactor",
+    "flush_stdio",
     "install_python_stream_attribution",
     "job_output",
     "logs_for_job",

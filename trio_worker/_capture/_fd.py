@@ -55,7 +55,7 @@ from ._redact import EDGE_CONTEXT, redact_from
 if TYPE_CHECKING:
     from ._redact import Redactor
 
-__all__ = ["OutputCapture"]
+__all__ = ["OutputCapture", "flush_stdio"]
 
 READER_THREAD_NAME = "trio_worker-output-capture"
 
@@ -106,7 +106,7 @@ class OutputCapture:
         if tail_bytes <= 0:
             raise ValueError(f"tail_bytes must be positive, got {tail_bytes}")
         # Output buffered before the swap belongs to the old destination, ahead of ours.
-        _flush_stdio()
+        flush_stdio()
         redirects: list[_Redirect] = []
         capture: OutputCapture | None = None
         try:
@@ -181,7 +181,7 @@ class OutputCapture:
     def flush(self) -> None:
         """Flush Python and C stdio, then wait (at most 1 s) until the reader has
         consumed everything written to fds 1/2 so far."""
-        _flush_stdio()
+        flush_stdio()
         deadline = time.monotonic() + _FLUSH_TIMEOUT
         with self._cond:
             # Pipe first, then _busy: the reader sets _busy before it reads, under this
@@ -420,7 +420,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def _flush_stdio() -> None:
+def flush_stdio() -> None:
     """Flush Python's and C's user-space buffers into fds 1 and 2."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
