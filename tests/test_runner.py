@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, cast
 
@@ -45,7 +44,6 @@ def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> Jo
         Settings.from_environ({}, capture_logs="off"),
         chunks,
         None,
-        trio.CapacityLimiter(math.inf),
         ThreadWaits(),
         shared_process=lambda: False,
     )
