@@ -161,7 +161,8 @@ async def test_the_progress_target_is_set_only_while_a_job_runs(
         seen.append(current_progress.get())
 
     job_runner = runner(async_handler if is_async else handler, ListChunks(), backend)
-    target = ProgressTarget(lambda job_id, body: None, trio.lowlevel.current_trio_token())
+    token = trio.lowlevel.current_trio_token()
+    target = ProgressTarget(lambda job_id, body: None, token, token.run_sync_soon)
     job_runner.progress = target
     await job_runner.run(HeldJob("j", {}))
     assert seen == [target]

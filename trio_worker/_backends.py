@@ -64,9 +64,10 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def progress_host(self) -> asyncio.AbstractEventLoop | None:
-        """The loop through which a thread's ``progress_update`` is handed to the worker,
-        or None for trio's own token (see ``progress_update``)."""
+    def thread_handoff(self, token: trio.lowlevel.TrioToken) -> Callable[..., object]:
+        """``call(fn, *args)``: run *fn* on the worker's trio thread, from any thread, in
+        order with what the user's threads hand to their async code (a thread's
+        ``progress_update`` must arrive before the job it belongs to ends)."""
 
     @abstractmethod
     def initializer(self, initializer: Initializer | None, waits: Holds) -> Initializer | None:
@@ -107,8 +108,8 @@ class TrioBackend(Backend):
     def check_host(self) -> None:
         return
 
-    def progress_host(self) -> asyncio.AbstractEventLoop | None:
-        return None
+    def thread_handoff(self, token: trio.lowlevel.TrioToken) -> Callable[..., object]:
+        return token.run_sync_soon
 
     def initializer(self, initializer: Initializer | None, waits: Holds) -> Initializer | None:
         return initializer
@@ -149,8 +150,11 @@ class AsyncioBackend(Backend):
     def check_host(self) -> None:
         host_loop()
 
-    def progress_host(self) -> asyncio.AbstractEventLoop | None:
-        return host_loop()
+    def thread_handoff(self, token: trio.lowlevel.TrioToken) -> Callable[..., object]:
+        # A thread's result (asyncio.to_thread, an executor) reaches the handler's task
+        # through the loop's own queue, after this call, so the job cannot end first;
+        # trio's queue keeps no order with the loop's.
+        return host_loop().call_soon_threadsafe
 
     def initializer(self, initializer: Initializer | None, waits: Holds) -> Initializer | None:
         # Its coroutine (if it makes one) runs on the host loop, where the handlers will

@@ -53,7 +53,6 @@ from ._results import (
 from ._version import __version__
 
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Callable
 
     from ._backends import Backend
@@ -93,15 +92,13 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class ProgressTarget:
-    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*.
-
-    On the asyncio backend *host* is the loop hosting that trio run: a thread's update is
-    handed to *post* through the loop's own queue (see ``progress_update``).
-    """
+    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*;
+    from another thread it is handed over by *from_thread* (the backend's
+    ``thread_handoff``, see ``progress_update``)."""
 
     post: Callable[[str, bytes], None]
     token: trio.lowlevel.TrioToken
-    host: asyncio.AbstractEventLoop | None = None
+    from_thread: Callable[..., object]
 
 
 # Set in each job's task by JobRunner.run; a sync handler's thread sees it too, as

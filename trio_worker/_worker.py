@@ -264,9 +264,8 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
-    progress = ProgressTarget(
-        post_progress, trio.lowlevel.current_trio_token(), options.backend.progress_host()
-    )
+    token = trio.lowlevel.current_trio_token()
+    progress = ProgressTarget(post_progress, token, options.backend.thread_handoff(token))
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
@@ -368,14 +367,7 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         target.post(job_id, body)
         return
     try:
-        if target.host is not None:
-            # A thread on the asyncio backend (asyncio.to_thread, an executor): its result
-            # reaches the handler's task through this same queue of the loop, after the
-            # post, so the job cannot end first. trio's queue keeps no order with the
-            # loop's: an update sent there could arrive after the job had ended.
-            target.host.call_soon_threadsafe(target.post, job_id, body)
-        else:
-            target.token.run_sync_soon(target.post, job_id, body)
+        target.from_thread(target.post, job_id, body)
     except (trio.RunFinishedError, RuntimeError):
         # A thread that outlived its worker (abandoned at the end of the shutdown grace):
         # the worker's run, or its loop, has ended.
