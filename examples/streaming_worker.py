@@ -1,6 +1,9 @@
 """A streaming worker: an async generator whose chunks reach the caller as they are made.
 
 python examples/streaming_worker.py --test_input '{"input": {"words": 5}}'
+
+The handler is trio code, so it says ``async_backend="trio"``: async code runs on asyncio
+unless told otherwise, as every async handler written for ``runpod`` is asyncio code.
 """
 
 from __future__ import annotations
@@ -22,4 +25,4 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[str]:
 
 
 if __name__ == "__main__":
-    trio_worker.start(handler, return_aggregate_stream=True)
+    trio_worker.start(handler, return_aggregate_stream=True, async_backend="trio")

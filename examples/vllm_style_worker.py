@@ -5,8 +5,9 @@ python examples/vllm_style_worker.py --test_input '{"input": {"prompt": "hello",
 The engine stands in for vLLM's AsyncLLMEngine (no GPU): one background asyncio task takes
 requests from an ``asyncio.Queue`` and feeds each request's own queue, one token per step.
 It is built in the initializer and used by every job, on the one asyncio loop the worker
-keeps for its life (``async_backend="asyncio"``). A stop or shutdown cancels the handler's
-asyncio task: the request is aborted in ``finally``.
+keeps for its life (async code runs on asyncio unless ``async_backend`` says otherwise, in
+either form of ``start()``). A stop or shutdown cancels the handler's asyncio task: the
+request is aborted in ``finally``.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[str]:
 
 
 if __name__ == "__main__":
-    # The reference's one-dict form: async handlers run on asyncio by default.
+    # The reference's one-dict form; start(handler, initializer=load_engine, ...) runs the
+    # same code on the same asyncio loop.
     trio_worker.start(
         {
             "handler": handler,

@@ -288,10 +288,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_handlers.py",
-                "        except trio.Cancelled:\n"
-                "            await waits.hold(finished)\n"
-                "            raise",
-                "        except trio.Cancelled:\n            raise",
+                "    except trio.Cancelled:\n        await waits.hold(finished)\n        raise",
+                "    except trio.Cancelled:\n        raise",
             ),
         ),
         required=False,

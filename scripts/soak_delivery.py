@@ -180,7 +180,7 @@ def run_worker(concurrency: int) -> None:
     import trio_worker
 
     threading.Thread(target=_end_with_parent, args=(os.getppid(),), daemon=True).start()
-    trio_worker.start(handler, concurrency=concurrency)
+    trio_worker.start(handler, concurrency=concurrency, async_backend="trio")
 
 
 def _end_with_parent(parent: int) -> None:

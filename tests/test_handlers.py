@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import operator
@@ -15,14 +14,13 @@ import pytest
 import trio
 import trio.testing
 
+from trio_worker._backends import BACKENDS
 from trio_worker._handlers import (
-    AsyncioUnderTrio,
     HandlerKind,
     Stream,
     ThreadWaits,
     call_handler,
     check_cancelled,
-    explain_backend,
     handler_kind,
     run_in_thread,
 )
@@ -176,22 +174,16 @@ def test_handler_kind_of_c_callables_is_sync(fn: Callable[..., Any]) -> None:
 # --- call_handler -------------------------------------------------------------------------
 
 
-def fresh() -> tuple[trio.CapacityLimiter, ThreadWaits]:
-    return trio.CapacityLimiter(4), ThreadWaits()
-
-
 async def call(
     fn: Callable[..., Any], job: dict[str, Any] | None = None, *, backend: str = "trio"
 ) -> Any:
     """Call *fn* as the worker on *backend* would (``async_backend``)."""
-    limiter, waits = fresh()
     return await call_handler(
         fn,
         handler_kind(fn),
         JOB if job is None else job,
-        limiter,
-        waits,
-        on_asyncio=backend == "asyncio",
+        ThreadWaits(),
+        backend=BACKENDS[backend],
     )
 
 
@@ -364,23 +356,10 @@ async def test_stream_runs_each_sync_generator_step_in_a_thread() -> None:
             yield i
         steps.append(threading.get_ident())
 
-    limiter, waits = fresh()
-    assert await collect(Stream(gen(), limiter, waits)) == [0, 1, 2]
+    waits = ThreadWaits()
+    assert await collect(Stream(gen(), waits)) == [0, 1, 2]
     assert len(steps) == 4
     assert loop_ident not in steps
-
-
-async def test_stream_sync_steps_respect_the_limiter() -> None:
-    limiter = trio.CapacityLimiter(1)
-    observed: list[int] = []
-
-    def gen() -> Generator[object, None, None]:
-        observed.append(limiter.borrowed_tokens)
-        yield "a"
-
-    assert await collect(Stream(gen(), limiter, ThreadWaits())) == ["a"]
-    assert observed == [1]
-    assert limiter.borrowed_tokens == 0
 
 
 async def test_stream_iterates_async_generators_on_the_loop() -> None:
@@ -392,14 +371,14 @@ async def test_stream_iterates_async_generators_on_the_loop() -> None:
             seen.append(threading.current_thread())
             yield {"i": i}
 
-    limiter, waits = fresh()
-    assert await collect(Stream(agen(), limiter, waits)) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    waits = ThreadWaits()
+    assert await collect(Stream(agen(), waits)) == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert seen == [loop_thread] * 3
 
 
 async def test_stream_iterates_a_plain_iterator_and_yields_none_chunks() -> None:
-    limiter, waits = fresh()
-    assert await collect(Stream(iter([None, 0, ""]), limiter, waits)) == [None, 0, ""]
+    waits = ThreadWaits()
+    assert await collect(Stream(iter([None, 0, ""]), waits)) == [None, 0, ""]
 
 
 async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> None:
@@ -407,11 +386,11 @@ async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> Non
         yield 1
         raise KeyError("mid-stream")
 
-    limiter, waits = fresh()
+    waits = ThreadWaits()
     got: list[object] = []
 
     async def consume() -> None:
-        async for chunk in Stream(gen(), limiter, waits):
+        async for chunk in Stream(gen(), waits):
             got.append(chunk)
 
     with pytest.raises(KeyError, match="mid-stream"):
@@ -429,8 +408,8 @@ async def test_stream_closes_an_async_source_when_abandoned_early() -> None:
         finally:
             events.append("closed")
 
-    limiter, waits = fresh()
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), limiter, waits)))
+    waits = ThreadWaits()
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), waits)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
     assert events == ["closed"]
@@ -446,8 +425,8 @@ async def test_stream_closes_a_sync_source_when_abandoned_early() -> None:
             events.append("closed")
 
     source = gen()
-    limiter, waits = fresh()
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, limiter, waits)))
+    waits = ThreadWaits()
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, waits)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
     assert events == ["closed"]
@@ -464,8 +443,8 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
         finally:
             release.wait(TIMEOUT)  # a cleanup that would hang
 
-    limiter, waits = fresh()
-    stream = Stream(gen(), limiter, waits, close_bound=2.5)
+    waits = ThreadWaits()
+    stream = Stream(gen(), waits, close_bound=2.5)
     chunks = cast("AsyncGenerator[object, None]", aiter(stream))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
@@ -475,7 +454,7 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
 
 
 def test_stream_is_an_async_iterable() -> None:
-    stream = Stream(iter([]), trio.CapacityLimiter(1), ThreadWaits())
+    stream = Stream(iter([]), ThreadWaits())
     assert isinstance(aiter(stream), AsyncIterator)
 
 
@@ -530,13 +509,17 @@ async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() ->
         finally:
             returned.set()
 
-    limiter, waits = fresh()
+    waits = ThreadWaits()
     results: list[object] = []
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
 
             async def run() -> None:
-                results.append(await call_handler(handler, HandlerKind.SYNC, JOB, limiter, waits))
+                results.append(
+                    await call_handler(
+                        handler, HandlerKind.SYNC, JOB, waits, backend=BACKENDS["trio"]
+                    )
+                )
 
             nursery.start_soon(run)
             assert await trio.to_thread.run_sync(started.wait, TIMEOUT)
@@ -553,45 +536,34 @@ async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() ->
 
 
 async def test_run_in_thread_returns_and_raises() -> None:
-    limiter, waits = fresh()
-    assert await run_in_thread(operator.add, 2, 3, limiter=limiter, waits=waits) == 5
-    with pytest.raises(ZeroDivisionError):
-        await run_in_thread(operator.truediv, 1, 0, limiter=limiter, waits=waits)
-    assert len(waits) == 0
-    assert limiter.borrowed_tokens == 0
-
-
-async def test_run_in_thread_serializes_on_the_limiter() -> None:
-    limiter = trio.CapacityLimiter(1)
     waits = ThreadWaits()
-    release = threading.Event()
-    first_in = threading.Event()
-    entered: list[str] = []
+    assert await run_in_thread(operator.add, 2, 3, waits=waits) == 5
+    with pytest.raises(ZeroDivisionError):
+        await run_in_thread(operator.truediv, 1, 0, waits=waits)
+    assert len(waits) == 0
 
-    def work(name: str) -> str:
-        entered.append(name)
-        first_in.set()
-        assert release.wait(TIMEOUT)
-        return name
 
-    results: list[str] = []
+async def test_run_in_thread_runs_more_handlers_at_once_than_trios_default_limit() -> None:
+    # Capacity is the ledger's business: 50 sync handlers run together, past the 40
+    # threads trio allows by default, or the barrier would never open.
+    waits = ThreadWaits()
+    together = threading.Barrier(50, timeout=TIMEOUT)
+    results: list[int] = []
 
-    async def run(name: str) -> None:
-        results.append(await run_in_thread(work, name, limiter=limiter, waits=waits))
+    def work(n: int) -> int:
+        together.wait()
+        return n
+
+    async def run(n: int) -> None:
+        results.append(await run_in_thread(work, n, waits=waits))
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run, "a")
-        nursery.start_soon(run, "b")
-        assert await trio.to_thread.run_sync(first_in.wait, TIMEOUT)
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(entered) == 1
-        assert limiter.statistics().tasks_waiting == 1
-        release.set()
-    assert sorted(results) == ["a", "b"]
+        for n in range(50):
+            nursery.start_soon(run, n)
+    assert sorted(results) == list(range(50))
 
 
-async def test_cancelled_run_in_thread_waits_for_the_thread_holding_its_slot() -> None:
-    limiter = trio.CapacityLimiter(1)
+async def test_cancelled_run_in_thread_waits_for_its_thread() -> None:
     waits = ThreadWaits()
     started = threading.Event()
     release = threading.Event()
@@ -611,30 +583,24 @@ async def test_cancelled_run_in_thread_waits_for_the_thread_holding_its_slot() -
 
         async def run() -> None:
             with scope:
-                await run_in_thread(blocking, limiter=limiter, waits=waits)
+                await run_in_thread(blocking, waits=waits)
             done.append("moved on")
 
         nursery.start_soon(run)
         assert await trio.to_thread.run_sync(started.wait, TIMEOUT)
         scope.cancel()
         await trio.testing.wait_all_tasks_blocked()
-        # Cancelled, but still waiting for the thread: the slot stays taken.
+        # Cancelled, but still waiting for the thread (the job's slot stays taken).
         assert done == []
         assert len(waits) == 1
-        assert limiter.borrowed_tokens == 1
         release.set()
     assert scope.cancelled_caught
     assert done == ["moved on"]
     assert returned.is_set()
     assert len(waits) == 0
-    # The token itself comes back as the finished thread reports in to trio.
-    with trio.fail_after(TIMEOUT):
-        async with limiter:
-            pass
 
 
 async def test_end_by_now_lets_a_cancelled_caller_move_on_without_the_thread() -> None:
-    limiter = trio.CapacityLimiter(1)
     waits = ThreadWaits()
     started = threading.Event()
     release = threading.Event()
@@ -654,7 +620,7 @@ async def test_end_by_now_lets_a_cancelled_caller_move_on_without_the_thread() -
 
             async def run() -> None:
                 with scope:
-                    await run_in_thread(stuck, limiter=limiter, waits=waits)
+                    await run_in_thread(stuck, waits=waits)
                 done.append("moved on")
 
             nursery.start_soon(run)
@@ -678,8 +644,7 @@ async def test_end_by_now_without_waiters_is_harmless() -> None:
     waits = ThreadWaits()
     waits.end_by(trio.current_time())
     assert len(waits) == 0
-    limiter = trio.CapacityLimiter(1)
-    assert await run_in_thread(str, 7, limiter=limiter, waits=waits) == "7"
+    assert await run_in_thread(str, 7, waits=waits) == "7"
 
 
 async def test_end_by_cuts_waits_already_running_and_those_started_later(
@@ -701,38 +666,3 @@ async def test_end_by_cuts_waits_already_running_and_those_started_later(
         nursery.start_soon(wait, "shorter", 0.5)
     # Nothing cancelled them: the deadline alone ended them, a shorter bound first.
     assert ended == {"before": 3.0, "after": 3.0, "shorter": 1.5}
-
-
-# --- explain_backend ----------------------------------------------------------------------
-
-
-async def test_asyncio_code_under_trio_is_explained_naming_the_option() -> None:
-    with pytest.raises(RuntimeError) as info:
-        asyncio.get_running_loop()
-    original = info.value
-    hinted = explain_backend(original)
-    assert isinstance(hinted, AsyncioUnderTrio)
-    assert isinstance(hinted, RuntimeError)
-    assert 'async_backend="asyncio"' in str(hinted)
-    assert str(original) in str(hinted)
-    assert hinted.__cause__ is original
-    assert hinted.__traceback__ is original.__traceback__
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        RuntimeError("There is no current event loop in thread 'x'."),
-        ValueError("No running event loop"),
-    ],
-)
-def test_other_event_loop_messages_are_explained(exc: BaseException) -> None:
-    assert isinstance(explain_backend(exc), AsyncioUnderTrio)
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [RuntimeError("CUDA error"), ValueError("event loop"), KeyError("loop"), trio.TooSlowError()],
-)
-def test_unrelated_errors_are_returned_unchanged(exc: BaseException) -> None:
-    assert explain_backend(exc) is exc

@@ -131,15 +131,17 @@ def test_async_backend_asyncio_runs_asyncio_code_in_local_mode(tmp_path: Path) -
     assert last_json(done.stdout) == {"output": {"same_loop": True, "got": 1}}
 
 
-def test_the_one_dict_form_defaults_to_asyncio_and_the_keyword_form_to_trio(
-    tmp_path: Path,
-) -> None:
+def test_both_forms_run_async_code_on_asyncio_unless_told_trio(tmp_path: Path) -> None:
     script = tmp_path / "w.py"
-    script.write_text(ASYNCIO_ENGINE + "trio_worker.start({'handler': h, 'initializer': init})\n")
-    done = run(script, "--test_input", '{"input": 2}')
-    assert done.returncode == 0, done.stderr
-    assert last_json(done.stdout) == {"output": {"same_loop": True, "got": 2}}
-    script.write_text(ASYNCIO_ENGINE + "trio_worker.start(h)\n")
+    for start in (
+        "trio_worker.start({'handler': h, 'initializer': init})",
+        "trio_worker.start(h, initializer=init)",
+    ):
+        script.write_text(ASYNCIO_ENGINE + start + "\n")
+        done = run(script, "--test_input", '{"input": 2}')
+        assert done.returncode == 0, done.stderr
+        assert last_json(done.stdout) == {"output": {"same_loop": True, "got": 2}}
+    script.write_text(ASYNCIO_ENGINE + "trio_worker.start(h, async_backend='trio')\n")
     done = run(script, "--test_input", '{"input": 2}')
     assert done.returncode == 1
     error = json.loads(str(last_json(done.stdout)["error"]))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any, cast
 
@@ -45,7 +44,6 @@ def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> Jo
         Settings.from_environ({}, capture_logs="off"),
         chunks,
         None,
-        trio.CapacityLimiter(math.inf),
         ThreadWaits(),
         shared_process=lambda: False,
     )
@@ -163,7 +161,8 @@ async def test_the_progress_target_is_set_only_while_a_job_runs(
         seen.append(current_progress.get())
 
     job_runner = runner(async_handler if is_async else handler, ListChunks(), backend)
-    target = ProgressTarget(lambda job_id, body: None, trio.lowlevel.current_trio_token())
+    token = trio.lowlevel.current_trio_token()
+    target = ProgressTarget(lambda job_id, body: None, token, token.run_sync_soon)
     job_runner.progress = target
     await job_runner.run(HeldJob("j", {}))
     assert seen == [target]

@@ -8,6 +8,7 @@ import contextvars
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -17,6 +18,7 @@ import trio_worker
 import trio_worker.testing
 from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS
 from trio_worker._asyncio_host import await_on_asyncio
+from trio_worker._backends import BACKENDS
 from trio_worker._handlers import ThreadWaits
 from trio_worker._options import AsyncBackend
 from trio_worker._runner import ProgressTarget, current_progress
@@ -114,8 +116,11 @@ async def test_an_update_from_a_thread_is_posted_before_what_the_thread_hands_th
     loop = asyncio.get_running_loop()
     order: list[str] = []
     result = trio.Event()
+    token = trio.lowlevel.current_trio_token()
     target = ProgressTarget(
-        lambda job_id, body: order.append("posted"), trio.lowlevel.current_trio_token(), loop
+        lambda job_id, body: order.append("posted"),
+        token,
+        BACKENDS["asyncio"].thread_handoff(token),
     )
 
     def hand_over() -> None:
@@ -198,11 +203,12 @@ def test_a_progress_update_after_its_worker_ended_is_ignored_with_a_warning(
 
     posted: list[str] = []
     token = trio.run(token_of_a_run)
-    loop = None
+    handoff: Callable[..., object] = token.run_sync_soon
     if ended == "host loop":
         loop = asyncio.new_event_loop()
         loop.close()
-    target = ProgressTarget(lambda job_id, body: posted.append(job_id), token, loop)
+        handoff = loop.call_soon_threadsafe
+    target = ProgressTarget(lambda job_id, body: posted.append(job_id), token, handoff)
     errors: list[BaseException] = []
 
     def in_thread() -> None:

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 from ._asyncio_host import run_asyncio_host as run_asyncio_host
 from ._config import Timings as Timings
+from ._exceptions import AsyncioUnderTrio as AsyncioUnderTrio
 from ._exceptions import ConfigurationError as ConfigurationError
 from ._exceptions import InitFailure as InitFailure
 from ._exceptions import InitializationError as InitializationError
 from ._exceptions import InitTimeout as InitTimeout
+from ._exceptions import MalformedJob as MalformedJob
 from ._exceptions import PlatformError as PlatformError
 from ._exceptions import RateLimited as RateLimited
 from ._exceptions import TransportError as TransportError
+from ._exceptions import TrioUnderAsyncio as TrioUnderAsyncio
 from ._exceptions import TrioWorkerError as TrioWorkerError
 from ._exceptions import WorkerInternalError as WorkerInternalError
-from ._handlers import AsyncioUnderTrio as AsyncioUnderTrio
 from ._handlers import check_cancelled as check_cancelled
-from ._runner import MalformedJob as MalformedJob
 from ._start import start as start
 from ._version import __version__ as __version__
 from ._worker import WorkerHandle as WorkerHandle
@@ -50,6 +51,7 @@ __all__ = [
     "RateLimited",
     "Timings",
     "TransportError",
+    "TrioUnderAsyncio",
     "TrioWorkerError",
     "WorkerHandle",
     "WorkerInternalError",

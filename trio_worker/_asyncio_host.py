@@ -199,19 +199,6 @@ def host_loop() -> asyncio.AbstractEventLoop:
         ) from None
 
 
-def require_host(backend: str) -> None:
-    """Fail early, before anything is taken, when the asyncio backend has no host loop."""
-    if backend == "asyncio":
-        host_loop()
-
-
-def run_for(backend: str, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Run *async_fn* under trio, as a guest of asyncio when *backend* asks for it."""
-    if backend == "asyncio":
-        return run_asyncio_host(async_fn, *args)
-    return trio.run(async_fn, *args)
-
-
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
     return await awaitable
 

@@ -11,6 +11,12 @@
                                     (connect, TLS, a lost connection, bad framing, timeouts)
      └── WorkerInternalError        a bug in trio_worker itself, chained from the cause
 
+    Named by a job's error report, never raised out of ``serve()``:
+
+    MalformedJob (ValueError)       the platform's job could not be given to the handler
+    AsyncioUnderTrio (RuntimeError) asyncio code ran on the trio backend; names the option
+    TrioUnderAsyncio (RuntimeError) trio code ran on the asyncio backend; names the option
+
     InitFailure                     the record of an init failure (a value, not raised):
                                     what every held job is failed with
     InitTimeout                     the SDK's own init deadline fired; recorded as the error
@@ -23,6 +29,14 @@ Cancellation is never subclassed or raised by this package (trio owns ``Cancelle
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def exception_leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside *exc*, groups looked through at every depth (in order);
+    an exception that is not a group is its own one leaf."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for member in exc.exceptions for leaf in exception_leaves(member)]
+    return [exc]
 
 
 @dataclass(frozen=True)
@@ -96,3 +110,18 @@ class TransportError(TrioWorkerError):
 
 class WorkerInternalError(TrioWorkerError):
     """A bug in trio_worker; the cause is chained."""
+
+
+class MalformedJob(ValueError):
+    """The platform delivered a job the handler cannot be given (e.g. no ``input``)."""
+
+
+class AsyncioUnderTrio(RuntimeError):
+    """A handler used asyncio code (``asyncio.sleep``, an ``asyncio.Queue``, an asyncio
+    library) while the worker runs its async code on trio; the message names
+    ``async_backend``, and the asyncio error is chained."""
+
+
+class TrioUnderAsyncio(RuntimeError):
+    """A handler used trio code (``trio.sleep``, a nursery) while the worker runs its async
+    code on asyncio; the message names ``async_backend``, and the trio error is chained."""

@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import inspect
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._asyncio_host import AsyncioChunks, await_on_asyncio
+from ._backends import unwrap_callable as _unwrap
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
+
+if TYPE_CHECKING:
+    from ._backends import Backend
 
 Handler = Callable[[dict[str, Any]], Any]
 
@@ -38,18 +40,6 @@ class HandlerKind(enum.Enum):
     @property
     def streams(self) -> bool:
         return self in (HandlerKind.SYNC_GENERATOR, HandlerKind.ASYNC_GENERATOR)
-
-
-def _unwrap(fn: object) -> object:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if not (inspect.isfunction(fn) or inspect.ismethod(fn)) and callable(fn):
-        call = getattr(type(fn), "__call__", None)  # noqa: B004 - we want the method itself
-        # Only a Python-level __call__ says anything; C callables (builtins, classes,
-        # itemgetter, lru_cache wrappers) are plain sync callables.
-        if inspect.isfunction(call):
-            return call
-    return fn
 
 
 def handler_kind(fn: Callable[..., Any]) -> HandlerKind:
@@ -139,9 +129,7 @@ class ThreadWaits:
         return len(self._scopes)
 
 
-async def run_in_thread(
-    fn: Callable[..., Any], *args: Any, limiter: trio.CapacityLimiter, waits: ThreadWaits
-) -> Any:
+async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: ThreadWaits) -> Any:
     """Run sync *fn* in a worker thread; when cancelled, wait for the thread to end.
 
     The thread is started with ``abandon_on_cancel=True`` so ``check_cancelled()`` inside it
@@ -162,20 +150,19 @@ async def run_in_thread(
             except trio.RunFinishedError:
                 pass
 
-    async with limiter:
-        # Cancelled before the thread exists (a stop that landed first): nothing to wait
-        # for. No schedule point lies between this check and the thread's start: trio's
-        # own limiter is unbounded here (ours is held), so it cannot park, and its
-        # remaining checkpoint is shielded.
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            (result,) = await trio.to_thread.run_sync(
-                call, abandon_on_cancel=True, limiter=trio.CapacityLimiter(math.inf)
-            )
-            return result
-        except trio.Cancelled:
-            await waits.hold(finished)
-            raise
+    # Cancelled before the thread exists (a stop that landed first): nothing to wait for.
+    # No schedule point lies between this check and the thread's start: the limiter is
+    # unbounded (capacity is the ledger's business; this only lifts trio's default of 40
+    # threads), so it cannot park, and trio's remaining checkpoint is shielded.
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        (result,) = await trio.to_thread.run_sync(
+            call, abandon_on_cancel=True, limiter=trio.CapacityLimiter(math.inf)
+        )
+        return result
+    except trio.Cancelled:
+        await waits.hold(finished)
+        raise
 
 
 class Stream:
@@ -184,13 +171,11 @@ class Stream:
     def __init__(
         self,
         source: Generator[Any, Any, Any] | Iterator[Any] | AsyncIterator[Any],
-        limiter: trio.CapacityLimiter,
         waits: ThreadWaits,
         *,
         close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
     ) -> None:
         self._source = source
-        self._limiter = limiter
         self._waits = waits
         self._close_bound = close_bound  # Timings.sync_close_bound
 
@@ -213,9 +198,7 @@ class Stream:
         try:
             while True:
                 # Each step runs in a thread: a sync generator may block like any sync handler.
-                chunk = await run_in_thread(
-                    next, source, done, limiter=self._limiter, waits=self._waits
-                )
+                chunk = await run_in_thread(next, source, done, waits=self._waits)
                 if chunk is done:
                     return
                 yield chunk
@@ -233,65 +216,27 @@ async def call_handler(
     fn: Handler,
     kind: HandlerKind,
     job: dict[str, Any],
-    limiter: trio.CapacityLimiter,
     waits: ThreadWaits,
     *,
+    backend: Backend,
     close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
-    on_asyncio: bool = False,
 ) -> Any | Stream:
     """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks
     (whose generator gets *close_bound* seconds for its cleanup when left early).
 
-    With *on_asyncio* (``async_backend="asyncio"``), a coroutine the handler makes runs as
-    a task on the asyncio host loop, and an async generator is pumped there.
-    Exceptions raised by the handler propagate unchanged.
+    A coroutine or an async generator the handler makes runs on *backend*. Exceptions
+    raised by the handler propagate unchanged.
     """
     if kind is HandlerKind.SYNC:
-        result = await run_in_thread(fn, job, limiter=limiter, waits=waits)
+        result = await run_in_thread(fn, job, waits=waits)
     else:
         # Creating a generator runs none of its body, and an async handler runs on the
         # loop, so no thread is needed here.
         result = fn(job)
     if inspect.isawaitable(result):
-        if on_asyncio:
-            # Held like a sync handler's thread: until it ends or the grace does.
-            result = await await_on_asyncio(result, waits=waits, cancel_bound=math.inf)
-        else:
-            result = await _await(result)
-    if on_asyncio and isinstance(result, AsyncIterator):
-        result = AsyncioChunks(result, close_bound=close_bound, waits=waits)
+        result = await backend.await_result(result, waits)
+    if isinstance(result, AsyncIterator):
+        result = backend.chunks(result, close_bound=close_bound, waits=waits)
     if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
-        return Stream(result, limiter, waits, close_bound=close_bound)
+        return Stream(result, waits, close_bound=close_bound)
     return result
-
-
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
-
-
-class AsyncioUnderTrio(RuntimeError):
-    """A handler used asyncio-only code while the worker runs handlers on trio."""
-
-
-_ASYNCIO_HINTS = (
-    "no running event loop",
-    "no current event loop",
-    "asynclibrarynotfound",
-    "unrecognized yield message",
-)
-
-
-def explain_backend(exc: BaseException, *, on_asyncio: bool = False) -> BaseException:
-    """*exc*, or a clearer error naming ``async_backend`` when asyncio-only code ran on trio."""
-    if on_asyncio:
-        return exc
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if any(hint in text for hint in _ASYNCIO_HINTS):
-        hinted = AsyncioUnderTrio(
-            f"{exc} -- the handler ran asyncio-only code, but this worker runs async handlers"
-            ' on trio; asyncio code needs start(..., async_backend="asyncio")'
-        )
-        hinted.__cause__ = exc
-        hinted.__traceback__ = exc.__traceback__
-        return hinted
-    return exc

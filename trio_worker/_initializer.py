@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._backends import makes_coroutine as is_async_initializer
 from ._categories import classify
 from ._errors import encode_body, format_traceback, init_failed_body, safe_str
 from ._exceptions import InitFailure, InitTimeout
-from ._handlers import _unwrap
 
 if TYPE_CHECKING:
     from ._capture import Redactor
@@ -69,11 +69,6 @@ def validate_init_timeout(init_timeout: float | None) -> float | None:
     if math.isnan(init_timeout) or init_timeout < 0:
         raise ConfigurationError(f"init_timeout must be >= 0 or None, got {init_timeout!r}")
     return float(init_timeout)
-
-
-def is_async_initializer(fn: Callable[..., Any]) -> bool:
-    target = _unwrap(fn)
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(fn)
 
 
 async def call_initializer(initializer: Initializer) -> None:

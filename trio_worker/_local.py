@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._asyncio_host import require_host, run_for
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import Settings
 from ._exceptions import InitializationError
 from ._handlers import ThreadWaits
 from ._initializer import init_failure_report, run_initializer
 from ._lifecycle import HeldJob
-from ._options import initializer_for
 from ._runner import JobRunner, JobSpec, worker_identity
 
 if TYPE_CHECKING:
@@ -65,7 +62,7 @@ def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
 
 async def run_test_input(options: WorkerOptions, test_input: object) -> int:
     """Run the initializer, then the handler once on *test_input*; the exit status."""
-    require_host(options.async_backend)
+    options.backend.check_host()
     settings = Settings.from_environ(
         os.environ, timings=options.timings, capture_logs=options.capture_logs
     )
@@ -88,7 +85,7 @@ async def _run_once(
     )
     job = HeldJob(str(payload.setdefault("id", LOCAL_JOB_ID)), payload)
     waits = ThreadWaits()
-    initializer = initializer_for(options, waits)
+    initializer = options.backend.initializer(options.initializer, waits)
     if initializer is not None:
         tail = capture.tail if capture is not None else (lambda limit=0: "")
         failure = await run_initializer(
@@ -103,7 +100,6 @@ async def _run_once(
         settings,
         StdoutChunks(),
         capture,
-        trio.CapacityLimiter(math.inf),
         waits,
         shared_process=lambda: False,
     )
@@ -118,7 +114,7 @@ async def _run_once(
 
 def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     """Serve the endpoint API on ``--rp_api_host:--rp_api_port`` with a real worker behind it."""
-    return run_for(options.async_backend, _dev_server, options, args)
+    return options.backend.run(_dev_server, options, args)
 
 
 async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:

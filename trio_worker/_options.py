@@ -10,14 +10,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from ._asyncio_host import Holds, asyncio_initializer
+from ._backends import BACKENDS, default_backend
+from ._backends import AsyncBackend as AsyncBackend  # the options' own type, for callers
 from ._config import CaptureMode, Timings
 from ._exceptions import ConfigurationError
-from ._initializer import is_async_initializer, validate_init_timeout
+from ._initializer import validate_init_timeout
 
 if TYPE_CHECKING:
+    from ._backends import Backend
     from ._handlers import Handler
     from ._initializer import Initializer
 
@@ -25,8 +27,6 @@ if TYPE_CHECKING:
 Concurrency = int | Callable[[int], int]
 
 log = logging.getLogger("trio_worker")
-
-AsyncBackend = Literal["trio", "asyncio"]
 
 # The reference's one-dict form: ``start({"handler": h, "concurrency_modifier": f})``.
 _CONFIG_KEYS = frozenset(
@@ -56,6 +56,11 @@ class WorkerOptions:
     capture_logs: CaptureMode = "on"
     timings: Timings = dataclasses.field(default_factory=Timings)
 
+    @property
+    def backend(self) -> Backend:
+        """Where the user's async code runs, chosen once by :func:`worker_options`."""
+        return BACKENDS[self.async_backend]
+
 
 def worker_options(
     handler: Handler | Mapping[str, Any],
@@ -71,8 +76,9 @@ def worker_options(
 ) -> WorkerOptions:
     """Check every argument and bundle them; *handler* may be the reference's one dict.
 
-    *async_backend* left unset means "trio", except for the one-dict form, which means
-    "asyncio": every handler written for the reference is asyncio code (docs/design.md §2).
+    *async_backend* left unset, in either form, means "asyncio" when any of the user's
+    code (handler, initializer, concurrency callable) is async, and "trio" when it is all
+    sync (docs/design.md §2).
 
     Raises:
         ConfigurationError: for the first argument the worker cannot use.
@@ -85,14 +91,13 @@ def worker_options(
         concurrency = config.get("concurrency", concurrency)
         return_aggregate_stream = config.get("return_aggregate_stream", return_aggregate_stream)
         refresh_worker = config.get("refresh_worker", refresh_worker)
-        if async_backend is None:
-            async_backend = "asyncio"
-    if async_backend is None:
-        async_backend = "trio"
     if not callable(handler):
         raise ConfigurationError(f"handler must be callable, got {handler!r}")
     if initializer is not None and not callable(initializer):
         raise ConfigurationError(f"initializer must be callable or None, got {initializer!r}")
+    concurrency = validate_concurrency(concurrency)
+    if async_backend is None:
+        async_backend = default_backend(handler, initializer, concurrency)
     validate_backend(async_backend)
     if capture_logs not in ("on", "off"):
         raise ConfigurationError(f"capture_logs must be 'on' or 'off', got {capture_logs!r}")
@@ -102,7 +107,7 @@ def worker_options(
         handler=handler,
         initializer=initializer,
         init_timeout=validate_init_timeout(init_timeout),
-        concurrency=validate_concurrency(concurrency),
+        concurrency=concurrency,
         return_aggregate_stream=bool(return_aggregate_stream),
         refresh_worker=bool(refresh_worker),
         async_backend=async_backend,
@@ -143,14 +148,3 @@ def validate_backend(async_backend: str) -> None:
     if async_backend in ("trio", "asyncio"):
         return
     raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")
-
-
-def initializer_for(options: WorkerOptions, waits: Holds) -> Initializer | None:
-    """The initializer as the backend runs it: on the asyncio backend its coroutine (if it
-    makes one) runs as a task on the host loop, where the handlers will find its engine;
-    once cancelled, its cleanup is waited for no later than the end of the shutdown grace
-    (*waits*)."""
-    initializer = options.initializer
-    if initializer is None or options.async_backend != "asyncio":
-        return initializer
-    return asyncio_initializer(initializer, is_async=is_async_initializer(initializer), waits=waits)

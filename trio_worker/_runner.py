@@ -32,6 +32,7 @@ from ._errors import (
     safe_str,
     shutdown_error_body,
 )
+from ._exceptions import MalformedJob, exception_leaves
 from ._exit import exit_status
 from ._handlers import (
     Handler,
@@ -39,7 +40,6 @@ from ._handlers import (
     Stream,
     ThreadWaits,
     call_handler,
-    explain_backend,
     handler_kind,
     is_cancellation,
 )
@@ -54,9 +54,9 @@ from ._results import (
 from ._version import __version__
 
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Callable
 
+    from ._backends import Backend
     from ._config import Settings
     from ._lifecycle import HeldJob
     from ._options import WorkerOptions
@@ -77,7 +77,7 @@ class JobSpec:
     kind: HandlerKind
     return_aggregate_stream: bool
     refresh_worker: bool
-    on_asyncio: bool = False  # async_backend="asyncio": coroutines run on the host loop
+    backend: Backend  # where the handler's coroutines and async generators run
 
     @classmethod
     def from_options(cls, options: WorkerOptions) -> JobSpec:
@@ -87,21 +87,19 @@ class JobSpec:
             handler_kind(handler),
             options.return_aggregate_stream,
             options.refresh_worker,
-            options.async_backend == "asyncio",
+            options.backend,
         )
 
 
 @dataclass(frozen=True)
 class ProgressTarget:
-    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*.
-
-    On the asyncio backend *host* is the loop hosting that trio run: a thread's update is
-    handed to *post* through the loop's own queue (see ``progress_update``).
-    """
+    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*;
+    from another thread it is handed over by *from_thread* (the backend's
+    ``thread_handoff``, see ``progress_update``)."""
 
     post: Callable[[str, bytes], None]
     token: trio.lowlevel.TrioToken
-    host: asyncio.AbstractEventLoop | None = None
+    from_thread: Callable[..., object]
 
 
 # Set in each job's task by JobRunner.run; a sync handler's thread sees it too, as
@@ -136,7 +134,6 @@ class JobRunner:
         settings: Settings,
         chunks: ChunkSink,
         capture: OutputCapture | None,
-        limiter: trio.CapacityLimiter,
         waits: ThreadWaits,
         shared_process: Callable[[], bool],
         progress: ProgressTarget | None = None,
@@ -147,7 +144,6 @@ class JobRunner:
         self.chunks = chunks
         self.progress = progress
         self.capture = capture
-        self.limiter = limiter
         self.shared_process = shared_process
         self.identity = worker_identity(settings)
 
@@ -169,10 +165,9 @@ class JobRunner:
                     self.spec.handler,
                     self.spec.kind,
                     job.payload,
-                    self.limiter,
                     self.waits,
+                    backend=self.spec.backend,
                     close_bound=self.settings.timings.sync_close_bound,
-                    on_asyncio=self.spec.on_asyncio,
                 )
                 if isinstance(result, Stream):
                     return await self._stream(job, result, output, mark)
@@ -217,7 +212,7 @@ class JobRunner:
         self, job_id: str, exc: BaseException, output: JobOutput, mark: int
     ) -> Report:
         exc, status = process_exit(exc)
-        exc = explain_backend(exc, on_asyncio=self.spec.on_asyncio)
+        exc = self.spec.backend.explain(exc)
         logs = self._logs(output, mark)
         category = classify(exc, logs)
         log_failed_job(job_id, error_type_name(exc), safe_str(exc), category, self.settings)
@@ -289,7 +284,7 @@ class JobRunner:
                     if is_cancellation(exc):
                         raise
                     exc, status = process_exit(exc)
-                    exc = explain_backend(exc, on_asyncio=self.spec.on_asyncio)
+                    exc = self.spec.backend.explain(exc)
                     logs = self._logs(output, mark)
                     log_failed_job(
                         job.id,
@@ -363,7 +358,7 @@ def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | Keyboa
     leaf: BaseException | None = exc
     if isinstance(exc, BaseExceptionGroup):
         found, _ = exc.split((SystemExit, KeyboardInterrupt))
-        leaf = next(iter(_leaves(found)), None) if found is not None else None
+        leaf = exception_leaves(found)[0] if found is not None else None
     fresh: SystemExit | KeyboardInterrupt
     if isinstance(leaf, KeyboardInterrupt):
         fresh = KeyboardInterrupt()
@@ -385,16 +380,6 @@ def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | Keyboa
     told.__context__ = leaf.__context__
     told.__suppress_context__ = leaf.__suppress_context__
     return told, fresh
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for member in exc.exceptions for leaf in _leaves(member)]
-    return [exc]
-
-
-class MalformedJob(ValueError):
-    """The platform delivered a job the handler cannot be given (e.g. no ``input``)."""
 
 
 def worker_identity(settings: Settings) -> WorkerIdentity:

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 
 from . import _worker
-from ._asyncio_host import run_for
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import (
     CaptureMode,
@@ -37,7 +36,7 @@ from ._config import (
     read_test_input_file,
     reference_flags,
 )
-from ._exceptions import ConfigurationError, InitializationError
+from ._exceptions import ConfigurationError, InitializationError, exception_leaves
 from ._exit import ExitGuard, exit_process, exit_status
 from ._options import worker_options
 
@@ -101,9 +100,8 @@ def start(
             A sync function (runs in a thread), an async function, a sync or async
             generator (streams its chunks), or a function returning one of those. May
             instead be the reference's one dict, ``{"handler": h, "concurrency_modifier":
-            f, "return_aggregate_stream": b, "refresh_worker": b}``: its values win over
-            the keywords, and it runs async handlers on asyncio unless *async_backend*
-            says otherwise.
+            f, "return_aggregate_stream": b, "refresh_worker": b, "initializer": i,
+            "init_timeout": t}``: its values win over the keywords.
         initializer (callable or None): called once with no arguments before any handler
             runs (a sync one in a thread of its own, an async one on the loop); load the
             model here. If it raises or outlasts *init_timeout*, every request this worker
@@ -116,8 +114,10 @@ def start(
             list of every chunk instead of ``[]``.
         refresh_worker (bool): shut down after the first job's result is delivered; every
             result carries ``"stopPod": true``.
-        async_backend ("trio", "asyncio" or None): where async handlers run. ``None``:
-            ``"trio"`` for the keyword form, ``"asyncio"`` for the one-dict form.
+        async_backend ("trio", "asyncio" or None): where the async handler, initializer
+            and concurrency callable run. ``None``, in either form: ``"asyncio"`` when any
+            of them is async (every async handler written for the reference is asyncio
+            code), ``"trio"`` when they are all sync. Trio code says ``"trio"``.
         capture_logs ("on" or "off"): capture fds 1 and 2 so error reports carry the
             output tail (secrets redacted).
         timings (Timings or None): the worker's internal timeouts; ``None``: ``Timings()``.
@@ -195,9 +195,8 @@ def start(
         guard.install()
         log.info("worker starting: %s", _worker.describe_settings(settings))
         seams = _worker.Seams(capture=capture, exit_guard=guard)
-        run_for(
-            options.async_backend,
-            functools.partial(_worker.run_worker, options, seams=seams, handle_signals=False),
+        options.backend.run(
+            functools.partial(_worker.run_worker, options, seams=seams, handle_signals=False)
         )
     except BaseException as exc:
         leave(_exit_status_for(exc), capture)
@@ -236,14 +235,8 @@ def _sole_leaf(exc: BaseException) -> BaseException:
     if not isinstance(exc, BaseExceptionGroup):
         return exc
     _, rest = exc.split(trio.Cancelled)
-    leaves = list(_leaves(rest)) if rest is not None else []
+    leaves = exception_leaves(rest) if rest is not None else []
     return _sole_leaf(leaves[0]) if len(leaves) == 1 else exc
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for member in exc.exceptions for leaf in _leaves(member)]
-    return [exc]
 
 
 # Binding the local endpoint failed for a reason the user fixes with another host or port.
@@ -278,4 +271,4 @@ def _run_local(options: WorkerOptions, args: LocalArgs) -> int:
             "to run as a queue worker"
         )
         return 1
-    return run_for(options.async_backend, run_test_input, options, test_input)
+    return options.backend.run(run_test_input, options, test_input)

@@ -8,25 +8,27 @@ group) if trio_worker itself has a bug.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import math
 import signal
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from ._asyncio_host import escaped_exits_to, host_loop, require_host
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_convoy import ChunkConvoy
 from ._config import CaptureMode, Settings, Timings
 from ._delivery import Delivery
-from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
+from ._exceptions import (
+    ConfigurationError,
+    InitializationError,
+    WorkerInternalError,
+    exception_leaves,
+)
 from ._handlers import Handler, ThreadWaits
 from ._lifecycle import WorkerPhase
-from ._options import AsyncBackend, Concurrency, WorkerOptions, initializer_for, worker_options
+from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._results import ResultEncodingError, encode_result
@@ -35,7 +37,7 @@ from ._shutdown_plan import ShutdownPlan
 from ._supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+    from collections.abc import Awaitable, Callable, Iterable, Mapping
 
     from ._exit import ExitGuard
     from ._initializer import Initializer
@@ -163,7 +165,7 @@ async def run_worker(
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """:func:`serve` for options already checked, with the test seams (see ``serve``)."""
-    require_host(options.async_backend)
+    options.backend.check_host()
     settings = Settings.from_environ(
         environ, timings=options.timings, capture_logs=options.capture_logs
     )
@@ -206,23 +208,24 @@ async def _serve(
     task_status.started(WorkerHandle(supervisor))
     failure: BaseException | None = None
     try:
-        async with _exits_from_user_tasks(options, supervisor), trio.open_nursery() as outer:
-            if handle_signals:
-                outer.start_soon(_watch_signals, supervisor)
-            if seams.heartbeat == "task" and settings.platform.ping_url:
-                outer.start_soon(
-                    heartbeat_task,
-                    client.polls,
-                    settings.platform.ping_url,
-                    settings.platform.ping_interval,
-                    lambda: supervisor.ledger.held_ids,
-                )
-            try:
-                await supervisor.run()
-            except InitializationError as exc:
-                failure = exc
-            finally:
-                outer.cancel_scope.cancel()
+        with options.backend.exits_from_user_tasks(supervisor.request_exit):
+            async with trio.open_nursery() as outer:
+                if handle_signals:
+                    outer.start_soon(_watch_signals, supervisor)
+                if seams.heartbeat == "task" and settings.platform.ping_url:
+                    outer.start_soon(
+                        heartbeat_task,
+                        client.polls,
+                        settings.platform.ping_url,
+                        settings.platform.ping_interval,
+                        lambda: supervisor.ledger.held_ids,
+                    )
+                try:
+                    await supervisor.run()
+                except InitializationError as exc:
+                    failure = exc
+                finally:
+                    outer.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         # Raised below, outside this handler, so a leaf raised as itself does not get the
         # group that holds it as its __context__.
@@ -237,29 +240,6 @@ async def _serve(
         # A handler called sys.exit() (or raised KeyboardInterrupt): its job has been
         # reported failed and the worker has shut down; now the caller gets it.
         raise supervisor.exit_request
-
-
-@contextlib.asynccontextmanager
-async def _exits_from_user_tasks(
-    options: WorkerOptions, supervisor: Supervisor
-) -> AsyncIterator[None]:
-    """On the asyncio backend, a ``sys.exit()`` in an asyncio task a handler started shuts
-    the worker down as the handler's own would (docs/how-it-works.md, the asyncio backend)."""
-    if options.async_backend != "asyncio":
-        yield
-        return
-    token = trio.lowlevel.current_trio_token()
-
-    def request_exit(exc: BaseException) -> bool:
-        assert isinstance(exc, SystemExit | KeyboardInterrupt)
-        try:
-            token.run_sync_soon(supervisor.request_exit, exc)
-        except trio.RunFinishedError:
-            return False  # the host loop then ends with it at once
-        return True
-
-    with escaped_exits_to(request_exit):
-        yield
 
 
 def _build(
@@ -282,20 +262,15 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
-    progress = ProgressTarget(
-        post_progress,
-        trio.lowlevel.current_trio_token(),
-        host_loop() if options.async_backend == "asyncio" else None,
-    )
+    token = trio.lowlevel.current_trio_token()
+    progress = ProgressTarget(post_progress, token, options.backend.thread_handoff(token))
     # The one owner of stopping, read by every wait of the worker (docs/how-it-works.md).
     delivery = Delivery(settings, client, ShutdownPlan(settings.timings))
-    # Capacity is the ledger's business; the limiter only lifts trio's default of 40 threads.
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
         ChunkConvoy(client.post_pipelined, beside_the_jobs, delivery=delivery),
         capture,
-        trio.CapacityLimiter(math.inf),
         waits,
         shared_process,
         progress,
@@ -306,7 +281,7 @@ def _build(
         delivery=delivery,
         runner=runner,
         waits=waits,
-        initializer=initializer_for(options, waits),
+        initializer=options.backend.initializer(options.initializer, waits),
         init_timeout=options.init_timeout,
         concurrency=options.concurrency,
         capture=capture,
@@ -326,7 +301,7 @@ def _outside(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """
     outside: BaseException
     interrupts, _ = group.split(KeyboardInterrupt)
-    leaves = list(_leaves(group))
+    leaves = exception_leaves(group)
     if interrupts is not None:
         outside = KeyboardInterrupt()
     elif all(isinstance(leaf, trio.Cancelled) for leaf in leaves):
@@ -337,14 +312,6 @@ def _outside(group: BaseExceptionGroup[BaseException]) -> BaseException:
         outside = WorkerInternalError(f"trio_worker failed: {group!r}")
     outside.__cause__ = group
     return outside
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 def _start_heartbeat_thread(settings: Settings, supervisor: Supervisor) -> HeartbeatThread | None:
@@ -401,14 +368,7 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
         target.post(job_id, body)
         return
     try:
-        if target.host is not None:
-            # A thread on the asyncio backend (asyncio.to_thread, an executor): its result
-            # reaches the handler's task through this same queue of the loop, after the
-            # post, so the job cannot end first. trio's queue keeps no order with the
-            # loop's: an update sent there could arrive after the job had ended.
-            target.host.call_soon_threadsafe(target.post, job_id, body)
-        else:
-            target.token.run_sync_soon(target.post, job_id, body)
+        target.from_thread(target.post, job_id, body)
     except (trio.RunFinishedError, RuntimeError):
         # A thread that outlived its worker (abandoned at the end of the shutdown grace):
         # the worker's run, or its loop, has ended.

@@ -19,4 +19,4 @@ async def handler(job: dict[str, Any]) -> AsyncIterator[str]:
 
 
 if __name__ == "__main__":
-    trio_worker.start(handler, return_aggregate_stream=True)
+    trio_worker.start(handler, return_aggregate_stream=True, async_backend="trio")

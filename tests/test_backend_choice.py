@@ -1,0 +1,314 @@
+"""Which loop runs the user's async code, and what code of the other family meets
+(docs/design.md §2, "Which backend by default").
+
+One rule for both forms of ``start()``: async user code runs on asyncio unless the caller
+names ``async_backend``; all-sync user code runs on trio. Code of the wrong family fails
+with one line naming ``async_backend``, asyncio's ``Queue``, ``Lock`` and ``Event``
+included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+
+import trio_worker
+import trio_worker.testing
+from trio_worker._backends import BACKENDS
+from trio_worker._options import AsyncBackend, worker_options
+from trio_worker.testing import FakePlatform, memory_network, run_platform_server
+
+from .backends import ASYNCIO_ONLY
+
+REPO = Path(__file__).resolve().parents[1]
+WAIT = 30.0  # a safety bound on each wait; never reached when the code is right
+
+
+def sync_handler(job: dict[str, Any]) -> object:
+    return job["input"]
+
+
+async def async_handler(job: dict[str, Any]) -> object:
+    return job["input"]
+
+
+async def async_gen_handler(job: dict[str, Any]) -> AsyncIterator[object]:
+    yield job["input"]
+
+
+def sync_init() -> None:
+    pass
+
+
+async def async_init() -> None:
+    pass
+
+
+# --- the rule -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("handler", "options", "backend"),
+    [
+        (sync_handler, {}, "trio"),
+        (sync_handler, {"initializer": sync_init}, "trio"),
+        (sync_handler, {"concurrency": lambda n: 2}, "trio"),
+        (async_handler, {}, "asyncio"),
+        (async_gen_handler, {}, "asyncio"),
+        (functools.partial(async_handler), {}, "asyncio"),
+        (async_handler, {"initializer": sync_init, "init_timeout": 5}, "asyncio"),
+        (sync_handler, {"initializer": async_init}, "asyncio"),
+        (sync_handler, {"initializer": functools.partial(async_init)}, "asyncio"),
+        (async_handler, {"async_backend": "trio"}, "trio"),
+        (sync_handler, {"async_backend": "asyncio"}, "asyncio"),
+    ],
+)
+def test_the_default_backend_follows_the_users_code_in_both_forms(
+    handler: Any, options: dict[str, Any], backend: str
+) -> None:
+    keyword = worker_options(handler, **options)
+    named = options.pop("async_backend", None)
+    config = {"handler": handler, **options}
+    one_dict = worker_options(config, async_backend=named)
+    assert keyword.async_backend == one_dict.async_backend == backend
+    assert keyword.backend is BACKENDS[backend]
+
+
+def test_an_async_concurrency_callable_counts_as_async_code() -> None:
+    async def modifier(current: int) -> int:
+        return current
+
+    assert worker_options(sync_handler, concurrency=modifier).async_backend == "asyncio"  # type: ignore[arg-type]
+    config = {"handler": sync_handler, "concurrency_modifier": modifier}
+    assert worker_options(config).async_backend == "asyncio"
+
+
+# --- the migration guide's second step, through a real worker process -------------------
+
+# The shape of worker-infinity-embedding's and worker-vllm's handlers: asyncio code whose
+# own exceptions become an output. Run on trio, it reported trio's error text as its result.
+OWN_ERRORS_AS_OUTPUT = """
+import asyncio, trio_worker
+
+QUEUE = None
+
+def load_model():
+    pass
+
+async def handler(job):
+    try:
+        queue = asyncio.Queue()
+        await queue.put(job["input"]["text"])
+        await asyncio.sleep(0.001)
+        return {"echo": await queue.get()}
+    except Exception as e:
+        return {"error": str(e)}
+
+trio_worker.start(handler, initializer=load_model, init_timeout=30)
+"""
+
+
+@pytest.mark.slow
+async def test_an_asyncio_handler_moved_to_the_keyword_form_still_runs_on_asyncio(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(OWN_ERRORS_AS_OUTPUT)
+    platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
+    async with run_platform_server(platform) as url:
+        job_id = platform.enqueue({"text": "hi"})
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
+        env.update(platform.worker_env(url, ping_interval_ms=200), PYTHONPATH=str(REPO))
+        worker = await trio.lowlevel.open_process(
+            [sys.executable, str(script)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            with trio.fail_after(WAIT):
+                record = await platform.wait_for_status(job_id)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            with trio.move_on_after(WAIT):
+                await worker.wait()
+            if worker.returncode is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                await worker.wait()
+    assert (record.status, record.output) == ("COMPLETED", {"echo": "hi"})
+    assert worker.returncode == 0
+
+
+def test_the_one_dict_and_keyword_forms_run_asyncio_code_alike_in_local_mode(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "worker.py"
+    outputs = []
+    for start in (
+        "trio_worker.start(handler, initializer=load_model, init_timeout=30)",
+        "trio_worker.start({'handler': handler, 'initializer': load_model})",
+    ):
+        script.write_text(OWN_ERRORS_AS_OUTPUT.replace(OWN_ERRORS_AS_OUTPUT.split("\n")[-2], start))
+        done = subprocess.run(
+            [sys.executable, str(script), "--test_input", '{"input": {"text": "hi"}}'],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert outputs == [{"output": {"echo": "hi"}}] * 2
+
+
+# --- code of the other family fails with one line naming the option --------------------
+
+
+async def asyncio_queue(job: dict[str, Any]) -> object:
+    return await asyncio.Queue().get()
+
+
+async def asyncio_lock(job: dict[str, Any]) -> object:
+    lock = asyncio.Lock()
+    await lock.acquire()
+    async with lock:  # held: this acquire has to wait
+        return None
+
+
+async def asyncio_event(job: dict[str, Any]) -> object:
+    return await asyncio.Event().wait()
+
+
+async def asyncio_sleep(job: dict[str, Any]) -> object:
+    await asyncio.sleep(0)
+    return None
+
+
+async def asyncio_stream(job: dict[str, Any]) -> AsyncIterator[object]:
+    yield 1
+    await asyncio.Event().wait()
+
+
+async def trio_sleep(job: dict[str, Any]) -> object:
+    await trio.lowlevel.checkpoint()
+    return None
+
+
+async def trio_nursery(job: dict[str, Any]) -> object:
+    async with trio.open_nursery():
+        return None
+
+
+async def trio_stream(job: dict[str, Any]) -> AsyncIterator[object]:
+    yield 1
+    await trio.lowlevel.checkpoint()
+
+
+async def run_one_job(handler: Callable[..., Any], backend: AsyncBackend) -> tuple[str | None, str]:
+    """The error type and message reported for the one job *handler* ran on *backend*, in
+    process. A stream's error is the reference's plain string, which names no type."""
+    platform = FakePlatform()
+    job_id = platform.enqueue({})
+    async with memory_network(platform) as opener, trio.open_nursery() as nursery:
+        handle: trio_worker.WorkerHandle = await nursery.start(
+            functools.partial(
+                trio_worker.testing.serve,
+                handler,
+                async_backend=backend,
+                environ=platform.worker_env("http://platform"),
+                open_stream=opener,
+                heartbeat="off",
+                handle_signals=False,
+                capture_logs="off",
+            )
+        )
+        with trio.fail_after(WAIT):
+            record = await platform.wait_for_status(job_id)
+        handle.shutdown()
+    assert record.status == "FAILED"
+    assert isinstance(record.error, str)
+    if record.error.startswith("handler: "):
+        return None, record.error.removeprefix("handler: ").split(" \ntraceback: ")[0]
+    error = json.loads(record.error)
+    assert isinstance(error, dict)
+    return error["error_type"], error["error_message"]
+
+
+@pytest.mark.parametrize(
+    "handler", [asyncio_queue, asyncio_lock, asyncio_event, asyncio_sleep, asyncio_stream]
+)
+async def test_asyncio_code_on_trio_fails_with_one_line_naming_the_option(
+    handler: Callable[..., object],
+) -> None:
+    error_type, message = await run_one_job(handler, "trio")
+    assert error_type == (None if handler is asyncio_stream else "trio_worker.AsyncioUnderTrio")
+    assert 'async_backend="asyncio"' in message
+    assert "\n" not in message
+
+
+@ASYNCIO_ONLY
+@pytest.mark.parametrize("handler", [trio_sleep, trio_nursery, trio_stream])
+async def test_trio_code_on_asyncio_fails_with_one_line_naming_the_option(
+    backend: AsyncBackend, handler: Callable[..., object]
+) -> None:
+    error_type, message = await run_one_job(handler, backend)
+    assert error_type == (None if handler is trio_stream else "trio_worker.TrioUnderAsyncio")
+    assert 'async_backend="trio"' in message
+    assert "\n" not in message
+
+
+# --- explain(), one backend at a time --------------------------------------------------
+
+
+async def test_a_missing_event_loop_on_trio_is_explained_with_the_cause_chained() -> None:
+    with pytest.raises(RuntimeError) as info:
+        asyncio.get_running_loop()
+    original = info.value
+    hinted = BACKENDS["trio"].explain(original)
+    assert isinstance(hinted, trio_worker.AsyncioUnderTrio)
+    assert isinstance(hinted, RuntimeError)
+    assert 'async_backend="asyncio"' in str(hinted)
+    assert str(original) in str(hinted)
+    assert hinted.__cause__ is original
+    assert hinted.__traceback__ is original.__traceback__
+    # On asyncio the same error is the user's own.
+    assert BACKENDS["asyncio"].explain(original) is original
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("There is no current event loop in thread 'x'."),
+        ValueError("No running event loop"),
+    ],
+)
+def test_other_event_loop_messages_are_explained_on_trio(exc: BaseException) -> None:
+    assert isinstance(BACKENDS["trio"].explain(exc), trio_worker.AsyncioUnderTrio)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("CUDA error"),
+        ValueError("event loop"),
+        KeyError("loop"),
+        AttributeError("'NoneType' object has no attribute 'create_future'"),  # not asyncio's
+        trio.TooSlowError(),
+    ],
+)
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_unrelated_errors_are_returned_unchanged(backend: str, exc: BaseException) -> None:
+    assert BACKENDS[backend].explain(exc) is exc
