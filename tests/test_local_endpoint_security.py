@@ -21,6 +21,9 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
+from trio_worker._endpoint import Guard
+from trio_worker._endpoint._guard import Refusal
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -192,3 +195,74 @@ def test_an_outsider_can_neither_forge_a_result_nor_take_a_job(endpoint: Endpoin
     assert endpoint.status(queued) == "IN_QUEUE"
     endpoint.client.post(f"/cancel/{running}")
     endpoint.client.post(f"/cancel/{queued}")
+
+
+def test_the_page_may_not_be_framed_by_another(endpoint: Endpoint) -> None:
+    # A framed page's clicks would be the framing page's; a <meta> policy cannot say so.
+    page = endpoint.client.get("/")
+    assert page.status_code == 200
+    assert page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+# -- the guard's rules, one by one ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "allowed"),
+    [
+        ("localhost:8000", 8000, True),
+        ("LOCALHOST:8000", 8000, True),
+        ("127.0.0.1:8000", 8000, True),
+        ("[::1]:8000", 8000, True),
+        ("localhost:8001", 8000, False),  # another server on this machine
+        ("localhost", 8000, False),
+        ("localhost", 80, True),  # a browser leaves out port 80
+        ("[::1]", 80, True),
+        ("attacker.example:8000", 8000, False),
+        ("127.0.0.2:8000", 8000, False),
+        ("::1:8000", 8000, False),
+        ("", 8000, False),
+        ("dev-box:8000", 8000, True),  # the --rp_api_host name
+        ("0.0.0.0:8000", 8000, False),
+    ],
+)
+def test_only_this_machine_on_this_port_is_a_host(host: str, port: int, allowed: bool) -> None:
+    assert Guard.for_host("dev-box").allows_host(host, port) is allowed
+
+
+def test_an_ipv6_api_host_is_matched_in_brackets() -> None:
+    guard = Guard.for_host("fd00::5")
+    assert guard.allows_host("[fd00::5]:8000", 8000)
+    assert not guard.allows_host("fd00::5:8000", 8000)
+
+
+def test_a_link_to_the_page_opens_it_but_nothing_else() -> None:
+    guard = Guard.for_host("localhost")
+    link = {
+        "host": "localhost:8000",
+        "sec-fetch-site": "cross-site",
+        "sec-fetch-mode": "navigate",
+        "sec-fetch-dest": "document",
+    }
+    assert guard.check("page", "GET", link, 8000) is None
+    framed = {**link, "sec-fetch-dest": "iframe"}
+    assert guard.check("page", "GET", framed, 8000) == Refusal(
+        403, "cross-origin request refused: the endpoint serves its own page"
+    )
+    for route in ("api_status", "api_health", "openapi"):
+        refused_ = guard.check(route, "GET", link, 8000)
+        assert refused_ is not None and refused_.status == 403
+
+
+def test_an_empty_post_needs_no_type_but_a_body_does() -> None:
+    guard = Guard.for_host("localhost")
+    tool = {"host": "localhost:8000"}  # curl -X POST, no body
+    assert guard.check("api_cancel", "POST", tool, 8000) is None
+    typed = {**tool, "content-length": "2", "content-type": "text/plain"}
+    assert guard.check("api_cancel", "POST", typed, 8000) == Refusal(
+        415, "the body must be sent as Content-Type: application/json"
+    )
+    # Worker routes are kept by the key instead: the worker sends its reports form-typed,
+    # as the reference SDK does.
+    assert guard.check("done", "POST", typed, 8000) is None
