@@ -146,10 +146,8 @@ class EndpointApp(PlatformState):
         max_finished: keep at most this many finished jobs, forgetting the oldest first.
 
     Finished jobs with a ``webhook`` URL have their final status POSTed to it while
-    :meth:`run_webhook_sender` runs (:func:`run_platform_server` runs it).
-
-    Sync methods (:meth:`enqueue`, :meth:`job`, ...) must be called from the trio thread
-    that serves the app; with :func:`run_server_in_thread` use ``ServerThread.run_sync``.
+    :meth:`run_webhook_sender` runs. Sync methods (:meth:`enqueue`, :meth:`job`, ...)
+    must be called from the trio thread that serves the app.
     """
 
     def __init__(

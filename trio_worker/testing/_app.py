@@ -41,30 +41,11 @@ _REPORT_ROUTES: Final = {"_stats": "stats", "_env": "env"}
 class FakePlatform(EndpointApp):
     """The Runpod platform, faked: a job queue behind the worker protocol, as an ASGI app.
 
-    Args:
-        api_key: when set, worker routes answer 401 unless ``Authorization`` equals it.
-        take_hold: seconds a take long-polls for a job before answering 204 (0: at once).
-        stop_hold: seconds a job-stop long-polls for stop signals before 204.
-        requeue_after: the requeue rule (docs/protocol.md §2.7 leaves it open). A taken,
-            unfinished job goes back to the head of the queue once this many seconds have
-            passed since the later of its take and the last ping *from its holder* that
-            listed it; each requeue is recorded in ``job(id).requeues``. None (the
-            default) never requeues.
-        endpoint_id: used by :meth:`worker_env` (requests may use any endpoint id).
-        runsync_wait: how long ``/runsync`` waits for a result (``?wait=ms`` overrides);
-            the platform's 90 s by default.
-        record_requests: keep every request in :attr:`requests` and every ping in
-            :attr:`pings`; turn off for long runs (the counters are kept either way).
-        execution_timeout: seconds a take may hold a job before it is TIMED_OUT and its
-            worker told to stop it; a job's ``policy.executionTimeout`` overrides it.
-            None (the default): only jobs with a policy are timed.
-        expire_results: forget finished jobs as the platform does, ``/run`` jobs 30
-            minutes and ``/runsync`` jobs 1 minute after they finish (docs/protocol.md
-            §4.1); ``/status`` then answers 404. Off by default: tests read old jobs.
-        max_finished: keep at most this many finished jobs, forgetting the oldest first.
-
-    Finished jobs with a ``webhook`` URL have their final status POSTed to it while
-    :meth:`run_webhook_sender` runs (:func:`run_platform_server` runs it).
+    The local endpoint's app with no guard: its arguments are those of
+    :class:`~trio_worker._endpoint.EndpointApp` but ``guard`` (``api_key`` None: the
+    worker routes take any key), plus :meth:`inject` and the ``/_stats`` and ``/_env``
+    routes. Finished jobs with a ``webhook`` URL have their final status POSTed to it
+    while :meth:`run_webhook_sender` runs (:func:`run_platform_server` runs it).
 
     Sync methods (:meth:`enqueue`, :meth:`job`, ...) must be called from the trio thread
     that serves the app; with :func:`run_server_in_thread` use ``ServerThread.run_sync``.
