@@ -23,6 +23,7 @@ import pytest
 
 from trio_worker._endpoint import Guard
 from trio_worker._endpoint._guard import Refusal
+from trio_worker._local import local_endpoint_app
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -203,6 +204,16 @@ def test_the_page_may_not_be_framed_by_another(endpoint: Endpoint) -> None:
     assert page.status_code == 200
     assert page.headers["x-frame-options"] == "DENY"
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+def test_each_run_makes_its_own_key_and_gives_it_to_its_worker() -> None:
+    first, second = local_endpoint_app("localhost"), local_endpoint_app("localhost")
+    assert first.api_key is not None and second.api_key is not None
+    assert first.api_key != second.api_key
+    assert len(first.api_key) >= 43  # 32 random bytes, URL-safe base64
+    wiring = first.worker_env("http://localhost:8000", worker_id="local-worker")
+    assert wiring["RUNPOD_AI_API_KEY"] == first.api_key
+    assert first.guard == Guard.for_host("localhost")
 
 
 # -- the guard's rules, one by one ----------------------------------------------------------

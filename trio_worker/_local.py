@@ -33,6 +33,7 @@ from ._runner import JobRunner, JobSpec, worker_identity
 
 if TYPE_CHECKING:
     from ._config import LocalArgs
+    from ._endpoint import EndpointApp
     from ._exceptions import InitFailure
     from ._options import WorkerOptions
 
@@ -122,19 +123,20 @@ def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     return run_for(options.async_backend, _dev_server, options, args)
 
 
-async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
-    from ._endpoint import EndpointApp, Guard, serve_asgi
-    from ._endpoint._http_server import url_of
-    from ._endpoint._rules import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
-    from ._worker import run_worker
+def local_endpoint_app(api_host: str) -> EndpointApp:
+    """The local endpoint's app: the platform's rules, a guard, and a key for this run.
 
-    # The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
-    # finished jobs are kept, a job runs 10 minutes at most unless its policy says
-    # otherwise, and no request is kept after it is answered. The worker routes take a
-    # key made for this run alone, which only the embedded worker is given: neither a
-    # page in the developer's browser nor another process on the machine can take a job
-    # or forge a result (docs/security.md).
-    platform = EndpointApp(
+    The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
+    finished jobs are kept, a job runs 10 minutes at most unless its policy says
+    otherwise, and no request is kept after it is answered. The worker routes take a key
+    made for this run alone, which only the embedded worker is given: neither a page in
+    the developer's browser nor another process on the machine can take a job or forge a
+    result (docs/security.md).
+    """
+    from ._endpoint import EndpointApp, Guard
+    from ._endpoint._rules import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
+
+    return EndpointApp(
         api_key=secrets.token_urlsafe(32),
         take_hold=5.0,
         stop_hold=5.0,
@@ -142,8 +144,16 @@ async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
         expire_results=True,
         max_finished=MAX_FINISHED,
         record_requests=False,
-        guard=Guard.for_host(args.api_host),
+        guard=Guard.for_host(api_host),
     )
+
+
+async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
+    from ._endpoint import serve_asgi
+    from ._endpoint._http_server import url_of
+    from ._worker import run_worker
+
+    platform = local_endpoint_app(args.api_host)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_asgi, platform, args.api_host, args.api_port)
         await nursery.start(platform.run_requeue_checker)
