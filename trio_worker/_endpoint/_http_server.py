@@ -160,11 +160,12 @@ class _Server:
                 body_deadline = trio.current_time() + limits.body_timeout
                 if not await self._run_app(conn, stream, event, server, client, body_deadline):
                     return
-                head_scope.deadline = min(
-                    trio.current_time() + limits.keep_alive_timeout, body_deadline
-                )
-                if not await _drain_request_body(conn, stream):
-                    return
+                if conn.their_state is h11.SEND_BODY:  # a body the app did not read
+                    head_scope.deadline = min(
+                        trio.current_time() + limits.keep_alive_timeout, body_deadline
+                    )
+                    if not await _drain_request_body(conn, stream):
+                        return
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -196,7 +197,8 @@ class _Server:
 
     def _head_deadline(self, head_scope: trio.CancelScope) -> None:
         deadline = trio.current_time() + self.limits.header_timeout
-        head_scope.deadline = min(head_scope.deadline, deadline)
+        if deadline < head_scope.deadline:
+            head_scope.deadline = deadline
 
     async def _run_app(
         self,
