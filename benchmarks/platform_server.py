@@ -61,16 +61,16 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._lean_front import serve_lean
-from trio_worker.testing import FakePlatform
-from trio_worker.testing._app import _match
-from trio_worker.testing._records import RecordedRequest
-from trio_worker.testing._routes import ConnectionDropped, Request, parse_query
+from trio_worker._endpoint._app import match_route as _match
+from trio_worker._endpoint._records import RecordedRequest
+from trio_worker._endpoint._routes import Request, parse_query
+from trio_worker.testing import ConnectionDropped, FakePlatform
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 
     from benchmarks._lean_front import Answer, LeanRequest
-    from trio_worker.testing._routes import Response
+    from trio_worker._endpoint._routes import Response
 
     Message = MutableMapping[str, Any]
     Scope = MutableMapping[str, Any]

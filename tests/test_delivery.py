@@ -25,9 +25,8 @@ import trio_worker
 import trio_worker.testing
 from trio_worker import Timings
 from trio_worker._options import AsyncBackend
-from trio_worker.testing import FakePlatform, Fault
+from trio_worker.testing import FakePlatform, Fault, JobRecord
 from trio_worker.testing._memory import memory_network
-from trio_worker.testing._records import JobRecord
 
 from .backends import BOTH_BACKENDS, sleep_for
 

@@ -15,7 +15,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "trio_worker"
 
 # Layers that sit below the supervisor: data flows into them, never back out.
-LOWER_LAYERS = ("trio_worker._platform", "trio_worker._capture", "trio_worker.testing")
+LOWER_LAYERS = (
+    "trio_worker._platform",
+    "trio_worker._capture",
+    "trio_worker._endpoint",
+    "trio_worker.testing",
+)
 UPPER_MODULES = (
     "trio_worker._supervisor",
     "trio_worker._worker",
@@ -114,13 +119,39 @@ def test_lower_layers_never_import_the_layers_above(layer: str) -> None:
     assert offenders == {}
 
 
-def test_capture_and_platform_stay_self_contained() -> None:
-    # _capture imports only itself; _platform only itself and the leaf modules every layer
-    # shares (config, exceptions, version).
+def test_product_code_never_imports_the_testing_package() -> None:
+    # The local endpoint is a product feature built on its own modules; the fake platform
+    # in trio_worker.testing is built on it, never the reverse.
+    graph = _graph()
+    offenders = {
+        module: sorted(i for i in imports if i.startswith("trio_worker.testing"))
+        for module, imports in graph.items()
+        if not module.startswith("trio_worker.testing")
+        and any(i.startswith("trio_worker.testing") for i in imports)
+    }
+    assert offenders == {}
+    # The rule is read from a graph that does see the testing package build on it.
+    assert "trio_worker._endpoint._app" in graph["trio_worker.testing._app"]
+
+
+@pytest.mark.parametrize("folder", ["_endpoint", "testing"])
+def test_no_module_is_over_450_lines(folder: str) -> None:
+    long = {
+        str(path.relative_to(PACKAGE.parent)): lines
+        for path in (PACKAGE / folder).rglob("*.py")
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 450
+    }
+    assert long == {}
+
+
+def test_capture_platform_and_endpoint_stay_self_contained() -> None:
+    # _capture and _endpoint import only themselves; _platform only itself and the leaf
+    # modules every layer shares (config, exceptions, version).
     shared = {"trio_worker._config", "trio_worker._exceptions", "trio_worker._version"}
     graph = _graph()
     for layer, allowed in (
         ("trio_worker._capture", set()),
+        ("trio_worker._endpoint", set()),
         ("trio_worker._platform", shared),
     ):
         for module, imports in graph.items():

@@ -17,13 +17,13 @@ import httpx
 import pytest
 import trio
 
-from trio_worker.testing import FakePlatform, run_platform_server
-from trio_worker.testing._endpoint import (
+from trio_worker._endpoint._rules import (
     RUN_BODY_LIMIT,
     RUN_RESULT_TTL,
     RUNSYNC_RESULT_TTL,
     Retention,
 )
+from trio_worker.testing import FakePlatform, run_platform_server
 from trio_worker.testing._http_server import serve_asgi
 
 if TYPE_CHECKING:

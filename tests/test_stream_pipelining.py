@@ -18,8 +18,7 @@ import pytest
 import trio
 
 from trio_worker import Timings
-from trio_worker.testing import FakePlatform, Fault
-from trio_worker.testing._records import JobRecord
+from trio_worker.testing import FakePlatform, Fault, JobRecord
 
 from .backends import BOTH_BACKENDS, sleep_for
 from .test_delivery import Opener, finished, running

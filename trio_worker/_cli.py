@@ -55,7 +55,14 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     dev.add_argument("handler_file", help="the Python file that calls trio_worker.start()")
-    dev.add_argument("--host", default=DEFAULT_API_HOST, help="address to listen on")
+    dev.add_argument(
+        "--host",
+        default=DEFAULT_API_HOST,
+        help=(
+            "address to listen on; requests must name it, localhost, 127.0.0.1 or [::1]"
+            " in their Host header"
+        ),
+    )
     dev.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="port to listen on")
     return parser
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from ._runner import JobRunner, JobSpec, worker_identity
 
 if TYPE_CHECKING:
     from ._config import LocalArgs
+    from ._endpoint import EndpointApp
     from ._exceptions import InitFailure
     from ._options import WorkerOptions
 
@@ -117,28 +119,42 @@ def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     return options.backend.run(_dev_server, options, args)
 
 
-async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
-    from ._worker import run_worker
-    from .testing._app import FakePlatform
-    from .testing._endpoint import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
-    from .testing._http_server import serve_asgi
+def local_endpoint_app(api_host: str) -> EndpointApp:
+    """The local endpoint's app: the platform's rules, a guard, and a key for this run.
 
-    # The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
-    # finished jobs are kept, a job runs 10 minutes at most unless its policy says
-    # otherwise, and no request is kept after it is answered.
-    platform = FakePlatform(
+    The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
+    finished jobs are kept, a job runs 10 minutes at most unless its policy says
+    otherwise, and no request is kept after it is answered. The worker routes take a key
+    made for this run alone, which only the embedded worker is given: neither a page in
+    the developer's browser nor another process on the machine can take a job or forge a
+    result (docs/security.md).
+    """
+    from ._endpoint import EndpointApp, Guard
+    from ._endpoint._rules import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
+
+    return EndpointApp(
+        api_key=secrets.token_urlsafe(32),
         take_hold=5.0,
         stop_hold=5.0,
         execution_timeout=DEFAULT_EXECUTION_TIMEOUT,
         expire_results=True,
         max_finished=MAX_FINISHED,
         record_requests=False,
+        guard=Guard.for_host(api_host),
     )
+
+
+async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
+    from ._endpoint import serve_asgi
+    from ._endpoint._http_server import url_of
+    from ._worker import run_worker
+
+    platform = local_endpoint_app(args.api_host)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_asgi, platform, args.api_host, args.api_port)
         await nursery.start(platform.run_requeue_checker)
         await nursery.start(platform.run_webhook_sender)
-        base = f"http://{args.api_host}:{port}"
+        base = url_of(args.api_host, port)
         environ = {**os.environ, **platform.worker_env(base, worker_id="local-worker")}
         log.info(
             "local endpoint on %s: POST /run, POST /runsync, GET /status/{id}, GET /stream/{id},"

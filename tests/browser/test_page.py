@@ -17,6 +17,8 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -208,3 +210,63 @@ def test_the_page_fetches_nothing_from_elsewhere(
         )
     )
     assert {"/run", "/runsync", "/status/{id}", "/stream/{id}"} <= set(schema["paths"])
+
+
+_ELSEWHERE = """<!doctype html><html><head><title>waiting</title></head><body><script>
+const target = %s;
+const body = JSON.stringify({input: {from: "elsewhere"}, webhook: "http://127.0.0.1:9/x"});
+Promise.allSettled([
+  fetch(target + "/run", {method: "POST", mode: "no-cors",
+                          headers: {"Content-Type": "text/plain"}, body}),
+  fetch(target + "/runsync", {method: "POST", mode: "no-cors", body: new Blob([body])}),
+  fetch(target + "/purge-queue", {method: "POST", mode: "no-cors"}),
+  fetch(target + "/health", {mode: "no-cors"}),
+]).then(() => { document.title = "sent"; });
+</script></body></html>"""
+
+
+@pytest.fixture
+def page_elsewhere(streaming_endpoint: str) -> Iterator[str]:
+    """A page on another origin (another port of 127.0.0.1) that calls the endpoint."""
+    page = (_ELSEWHERE % json.dumps(streaming_endpoint)).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _jobs_seen(endpoint: str) -> int:
+    with urllib.request.urlopen(endpoint + "/health", timeout=WAIT) as answer:
+        counts = json.load(answer)["jobs"]
+    return sum(int(counts[key]) for key in ("completed", "failed", "inProgress", "inQueue"))
+
+
+def test_a_page_from_elsewhere_can_queue_nothing(
+    browser: webdriver.Chrome, streaming_endpoint: str, page_elsewhere: str
+) -> None:
+    # What FastAPI's CVE-2021-32677 allowed: a page sends the endpoint JSON typed
+    # text/plain, which needs no preflight, with a webhook of its choosing.
+    before = _jobs_seen(streaming_endpoint)
+    browser.get(page_elsewhere)
+    WebDriverWait(browser, WAIT, poll_frequency=0.05).until(lambda d: d.title == "sent")
+    assert _jobs_seen(streaming_endpoint) == before
+    # The endpoint's own page, in the same browser, still queues and runs a job.
+    _send(browser, streaming_endpoint, '{"input": {"words": 1, "pause": 0}}', "run")
+    assert _wait_status(browser, "COMPLETED", "FAILED") == "COMPLETED"
+    assert _jobs_seen(streaming_endpoint) == before + 1

@@ -1,6 +1,7 @@
 """Test helpers: a fake Runpod platform to run a worker against.
 
-:class:`FakePlatform` plays the platform side of the worker protocol as an ASGI app. Use
+:class:`FakePlatform` plays the platform side of the worker protocol as an ASGI app: the
+local endpoint's own app (``trio-worker dev``), plus faults to inject and counters. Use
 it in-process over :func:`memory_network` (the worker's own HTTP client on in-memory trio
 streams, so virtual time under ``trio.testing.MockClock`` holds), or over loopback HTTP
 with :func:`run_platform_server`::
@@ -25,10 +26,7 @@ trio's clock, transition observers, a capture of its own)::
 
 from __future__ import annotations
 
-from ._app import FakePlatform
-from ._http_server import ServerThread, run_server_in_thread
-from ._memory import memory_network
-from ._records import (
+from .._endpoint._records import (
     TERMINAL_STATUSES,
     Fault,
     JobRecord,
@@ -37,7 +35,10 @@ from ._records import (
     RecordedRequest,
     RequeueRecord,
 )
-from ._routes import ConnectionDropped
+from ._app import FakePlatform
+from ._faults import ConnectionDropped
+from ._http_server import ServerThread, run_server_in_thread
+from ._memory import memory_network
 from ._server import run_platform_server
 from ._worker import serve
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ._app import FakePlatform
-from ._http_server import _url, serve_asgi
+from ._http_server import serve_asgi, url_of
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -43,7 +43,7 @@ async def run_platform_server(
         await nursery.start(platform.run_requeue_checker)
         await nursery.start(platform.run_webhook_sender)
         try:
-            yield _url(host, bound)
+            yield url_of(host, bound)
         finally:
             nursery.cancel_scope.cancel()
 

@@ -1,8 +1,12 @@
-"""The value objects of the fake platform: what tests configure and what they read back.
+"""The value objects of the endpoint's queue: what it records, and what tests read back.
 
 Kept apart from the app so a test reading ``platform.job(id).done_reports`` can find every
 field's meaning in one short file. Times are ``trio.current_time()`` values: virtual
 seconds under ``MockClock``, and only meaningful as differences otherwise.
+
+:class:`Fault` is the one value only :mod:`trio_worker.testing` sets (``FakePlatform.inject``
+arms it, and notes it on the :class:`RecordedRequest` it applied to); it sits here beside
+that record, so the record's type is complete without the endpoint importing the tests.
 """
 
 from __future__ import annotations

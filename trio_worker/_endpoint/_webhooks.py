@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import httpx
 import trio
 
-from ._endpoint import WEBHOOK_ATTEMPTS, WEBHOOK_RETRY_DELAY, WEBHOOK_TIMEOUT
+from ._rules import WEBHOOK_ATTEMPTS, WEBHOOK_RETRY_DELAY, WEBHOOK_TIMEOUT
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["PAGE_HTML", "openapi_document"]
+__all__ = ["PAGE_HEADERS", "PAGE_HTML", "openapi_document"]
 
 _JOB_ID: Final = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 _WAIT: Final = {
@@ -283,6 +283,14 @@ gets; <code>webhook</code> and <code>policy</code> work as on Runpod.</label>
 _CSP: Final = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'"
+)
+
+#: Response headers of the page: no other page may frame it (a click on a framed page is
+#: the page's click; browsers ignore ``frame-ancestors`` in a ``<meta>`` policy).
+PAGE_HEADERS: Final = (
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
 )
 
 PAGE_HTML: Final = (

@@ -1,46 +1,33 @@
-"""HTTP plumbing of the fake platform, and its endpoint (client) API routes.
+"""HTTP plumbing of the endpoint app, and its endpoint (client) API routes.
 
-The worker routes live on :class:`~trio_worker.testing._app.FakePlatform` itself; what is
-here is shared by both: the request/response objects, the long-poll helper :func:`hold`,
-fault answers, body parsing, and the endpoint API (``/run``, ``/runsync``, ``/status``,
-``/stream``, ``/cancel``, ``/health``, ``/purge-queue``) plus ``/_stats`` and ``/_env``.
+The worker routes live on :class:`~._app.EndpointApp` itself; what is here is shared by
+both: the request/response objects, the long-poll helper :func:`hold`, body parsing, and
+the endpoint API (``/run``, ``/runsync``, ``/status``, ``/stream``, ``/cancel``,
+``/health``, ``/purge-queue``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 from typing import TYPE_CHECKING, Final, TypeVar
 from urllib.parse import parse_qsl
 
-import httpx
 import trio
 
-from ._endpoint import DISCARD_LIMIT, RequestRefused, check_submission, status_object
-from ._http_server import AbortConnection
-from ._state import encode_json
+from ._exchange import AbortConnection
+from ._queue import encode_json
+from ._rules import DISCARD_LIMIT, RequestRefused, check_submission, status_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._http_server import Message, Receive, Send
-    from ._records import Fault, RecordedRequest
+    from ._exchange import Message, Receive, Send
+    from ._records import RecordedRequest
     from ._state import PlatformState
 
 _T = TypeVar("_T")
 
 JSON_TYPE: Final = b"application/json"
-
-
-class ConnectionDropped(AbortConnection, httpx.RemoteProtocolError):
-    """An injected ``Fault(drop=True)``.
-
-    Over a real socket the server closes the connection unanswered. Through
-    ``httpx.ASGITransport`` this exception reaches the client itself, and since it is an
-    ``httpx.RemoteProtocolError`` the worker handles it exactly as a real dropped
-    connection ("Server disconnected without sending a response").
-    """
 
 
 class ClientGone(Exception):
@@ -137,26 +124,6 @@ async def hold(
     return result
 
 
-def fault_response(fault: Fault) -> Response:
-    """The answer of an injected fault.
-
-    Raises:
-        ConnectionDropped: for ``drop=True``.
-    """
-    if fault.drop:
-        raise ConnectionDropped("injected fault: connection dropped")
-    assert fault.status is not None
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-    if fault.retry_after is not None:
-        headers = ((b"retry-after", b"%g" % fault.retry_after),)
-    if fault.body is not None:
-        return Response(fault.status, fault.body, headers=headers)
-    if fault.status == 204:
-        return NO_CONTENT
-    body = encode_json({"error": f"injected fault {fault.status}"})
-    return Response(fault.status, body, headers=headers)
-
-
 def parse_query(query_string: bytes) -> dict[str, str]:
     if not query_string:
         return {}
@@ -181,7 +148,7 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes:
     Raises:
         ClientGone: if the client disconnected first.
         BodyTooLarge: past *limit*.
-        ConnectionDropped: past ``DISCARD_LIMIT``: the connection is closed unanswered.
+        AbortConnection: past ``DISCARD_LIMIT``: the connection is closed unanswered.
     """
     message = await receive()
     if message["type"] == "http.disconnect":
@@ -200,7 +167,7 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes:
         if limit is not None and size > limit:
             chunks.clear()
             if size > DISCARD_LIMIT:
-                raise ConnectionDropped("request body far past its limit")
+                raise AbortConnection("request body far past its limit")
         else:
             chunks.append(chunk)
     if limit is not None and size > limit:
@@ -223,7 +190,7 @@ async def lifespan(receive: Receive, send: Send) -> None:
 
 
 async def api_route(platform: PlatformState, request: Request) -> Response:
-    """Answer one endpoint API request (any route name starting ``api_``, or ``env``)."""
+    """Answer one endpoint API request (any route name starting ``api_``)."""
     route = request.route
     if route in ("api_run", "api_runsync"):
         return await _run(platform, request, sync=route == "api_runsync")
@@ -231,10 +198,6 @@ async def api_route(platform: PlatformState, request: Request) -> Response:
         return json_response(200, _health(platform))
     if route == "api_purge_queue":
         return json_response(200, {"removed": platform.purge_queue(), "status": "completed"})
-    if route == "env":
-        base = f"http://{request.headers.get('host', '127.0.0.1')}"
-        worker_id = request.query.get("worker_id", "w1")
-        return json_response(200, platform.worker_env(base, worker_id=worker_id))
     job = platform.jobs.get(request.args[0])
     if job is None:
         return json_response(404, {"error": f"job {request.args[0]!r} not found"})
@@ -280,64 +243,3 @@ def _health(platform: PlatformState) -> dict[str, object]:
         },
         "workers": {"running": len(running), "idle": len(set(stats.workers) - running)},
     }
-
-
-def stats_body(platform: PlatformState, query: dict[str, str]) -> bytes:
-    """``GET /_stats``: counters, a throughput/latency summary and per-job timestamps.
-
-    Times are the platform's ``trio.current_time()``: only differences are meaningful.
-    ``?jobs=0`` leaves out the per-job list.
-    """
-    jobs = list(platform.jobs.values())
-    takes = [job.take_time for job in jobs if job.take_time is not None]
-    done = [
-        job for job in jobs if job.status in ("COMPLETED", "FAILED") and job.done_time is not None
-    ]
-    latencies = sorted(
-        (job.done_time - job.take_time) * 1000
-        for job in done
-        if job.done_time is not None and job.take_time is not None
-    )
-    summary: dict[str, object] = {"finished": len(done)}
-    if takes and done:
-        first_take = min(takes)
-        last_done = max(job.done_time for job in done if job.done_time is not None)
-        span = last_done - first_take
-        summary.update(
-            first_take=first_take,
-            last_done=last_done,
-            jobs_per_second=len(done) / span if span > 0 else None,
-            take_to_done_ms={
-                "p50": _quantile(latencies, 0.50),
-                "p90": _quantile(latencies, 0.90),
-                "p99": _quantile(latencies, 0.99),
-                "max": latencies[-1] if latencies else None,
-            },
-        )
-    answer: dict[str, object] = {
-        "now": trio.current_time(),
-        "statistics": dataclasses.asdict(platform.statistics()),
-        "summary": summary,
-    }
-    if query.get("jobs", "1") != "0":
-        answer["jobs"] = [
-            {
-                "id": job.id,
-                "status": job.status,
-                "enqueue_time": job.enqueue_time,
-                "take_time": job.take_time,
-                "done_time": job.done_time,
-                "taken_by": job.taken_by,
-                "takes": job.takes,
-            }
-            for job in jobs
-        ]
-    return encode_json(answer)
-
-
-def _quantile(sorted_values: list[float], q: float) -> float | None:
-    """Nearest-rank quantile of an ascending list."""
-    if not sorted_values:
-        return None
-    rank = max(math.ceil(q * len(sorted_values)) - 1, 0)
-    return sorted_values[rank]
