@@ -6,7 +6,7 @@ invariant of docs/design.md §4, runs it in virtual time (one ``trio.run`` under
 ``MockClock``, or trio as the guest of an asyncio loop sharing one virtual clock for the
 asyncio backend) with the fake platform mounted in-process, draws the network's
 interleavings as requests happen, and then runs *every* checker of
-``tests/properties/harness.py`` on the trace. See docs/property-suite.md.
+``tests/properties/invariants.py`` on the trace. See docs/property-suite.md.
 
 The tests are sync on purpose: Hypothesis cannot run async tests, and pytest-trio's
 fixture-per-example integration trips Hypothesis's function_scoped_fixture health check.
