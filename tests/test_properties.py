@@ -27,7 +27,7 @@ from trio_worker import Timings
 
 from .properties import PROFILE_NAME, examples
 from .properties.harness import check_all, describe, drop_frames, run_scenario, scratch_check
-from .properties.strategies import (
+from .properties.scenario import (
     BACKENDS,
     STREAM_OUTCOMES,
     TIMEOUT_LOOKALIKES,
@@ -39,11 +39,8 @@ from .properties.strategies import (
     Scenario,
     StopPlan,
     Text,
-    concurrencies,
-    init_plans,
-    quarters,
-    scenarios,
 )
+from .properties.strategies import concurrencies, init_plans, quarters, scenarios
 
 # A hang guard for CI's default profile; a soak (40x the examples, scripts/soak_properties.py)
 # is bounded by its own --minutes instead, so one long property is not cut short.

@@ -28,7 +28,7 @@ from trio_worker.testing import FakePlatform
 from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
 
 from .recorder import Exchange, Recorder, StopDelivery
-from .strategies import PLAIN, NetStep
+from .scenario import PLAIN, NetStep
 
 if TYPE_CHECKING:
     from trio_worker._platform._http import HttpBackend, HttpResponse, StreamOpener

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .strategies import TIMEOUT_LOOKALIKES
+from .scenario import TIMEOUT_LOOKALIKES
 from .usercode import error_type_of
 from .views import EPS, E, S, failure_of, parse_report, views
 

@@ -11,7 +11,8 @@ the run is over, pure checkers judge what was recorded and each returns its viol
 The suite's pieces, one concern a module (this module re-exports the entry points that
 ``tests/test_properties.py`` uses):
 
-* ``strategies.py``: what a `Scenario` is and how Hypothesis draws one;
+* ``scenario.py``: what one example is (the `Scenario` and its plans);
+* ``strategies.py``: how Hypothesis draws a `Scenario`, and the network steps;
 * ``threads.py``: the `Baton` that keeps sync user code in its threads on virtual time;
 * ``recorder.py``: what is recorded (transitions, exchanges, handler runs, stops, phases,
   the worker's log lines);

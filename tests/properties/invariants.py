@@ -34,7 +34,7 @@ from .checks_worker import (
     check_shutdown,
     check_thread_slots,
 )
-from .strategies import PLAIN
+from .scenario import PLAIN
 from .views import E, failure_of, views
 
 if TYPE_CHECKING:

@@ -32,7 +32,8 @@ import trio
 import trio_worker
 from trio_worker._lifecycle import JobEvent, JobState, PhaseEvent, WorkerPhase
 
-from .strategies import PLAIN, NetStep, Scenario, net_steps
+from .scenario import PLAIN, NetStep, Scenario
+from .strategies import net_steps
 from .threads import Baton
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from trio_worker.testing._memory import memory_network
 from ..backends import HostLoopClock, run_on_asyncio_host
 from .chaos import ChaosOpener, CrashRecordingApp, RecordingBackend
 from .recorder import Recorder, StopDelivery, example_log
-from .strategies import Scenario
+from .scenario import Scenario
 from .threads import Baton
 from .usercode import CycleConcurrency, UserCode
 

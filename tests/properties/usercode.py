@@ -22,7 +22,7 @@ import trio
 import trio_worker
 
 from .recorder import HandlerRun, Recorder
-from .strategies import JobPlan, Scenario
+from .scenario import JobPlan, Scenario
 from .threads import Lane, in_worker_thread
 
 

@@ -22,7 +22,7 @@ import trio_worker
 from trio_worker._lifecycle import JobEvent, JobState
 
 from .recorder import Exchange, Transition
-from .strategies import JobPlan
+from .scenario import JobPlan
 
 if TYPE_CHECKING:
     from trio_worker.testing import RecordedRequest
