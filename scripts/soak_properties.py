@@ -24,7 +24,7 @@ A failure's shrinking runs more examples of the same test, and they grow memory 
 same rate: the profiles leave out Hypothesis's ``explain`` phase, which would trace each
 of them and keep about 130 KiB of executed branches per example (over 1 GiB in a few
 minutes of shrinking, see ``tests/properties/__init__.py``), and a failing example's
-exception no longer holds its run (``drop_frames`` in ``tests/properties/harness.py``).
+exception no longer holds its run (``drop_frames`` in ``tests/properties/invariants.py``).
 
 Examples are counted by this same file loaded into pytest as a plugin (``-p
 soak_properties``): it wraps each Hypothesis test's ``hypothesis.inner_test`` and writes

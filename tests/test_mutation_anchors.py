@@ -1,4 +1,4 @@
-"""Every mutation of scripts/mutation_check.py still applies to today's source.
+"""Every mutation of the mutation check (scripts/_mutations.py) still applies to today's source.
 
 A mutation whose anchor text no longer occurs exactly once stops the mutation check at
 that mutation (SystemExit 2), and the check is run by hand, long after the change that
@@ -19,25 +19,23 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "mutation_check", REPO / "scripts" / "mutation_check.py"
-    )
+    spec = importlib.util.spec_from_file_location("_mutations", REPO / "scripts" / "_mutations.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("mutation_check", module)
+    sys.modules.setdefault("_mutations", module)
     spec.loader.exec_module(module)
     return module
 
 
-mutation_check = _load()
-MUTATIONS = mutation_check.all_mutations()
+mutations = _load()
+MUTATIONS = mutations.all_mutations()
 
 
 def test_there_is_a_mutation_for_every_shield() -> None:
     shields = sum(
         path.read_text().count("shield=True") for path in (REPO / "trio_worker").rglob("*.py")
     )
-    assert len(mutation_check.shield_mutations()) == shields
+    assert len(mutations.shield_mutations()) == shields
 
 
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
@@ -45,5 +43,5 @@ def test_the_mutation_applies_to_todays_source(mutation: object, tmp_path: Path)
     shutil.copytree(REPO / "trio_worker", tmp_path / "trio_worker")
     patches = mutation.patches  # type: ignore[attr-defined]
     before = {p.path: (tmp_path / p.path).read_text() for p in patches}
-    mutation_check.apply(tmp_path, patches)  # SystemExit(2) when an anchor is not found once
+    mutations.apply(tmp_path, patches)  # SystemExit(2) when an anchor is not found once
     assert any((tmp_path / path).read_text() != text for path, text in before.items())

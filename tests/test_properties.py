@@ -6,7 +6,7 @@ invariant of docs/design.md §4, runs it in virtual time (one ``trio.run`` under
 ``MockClock``, or trio as the guest of an asyncio loop sharing one virtual clock for the
 asyncio backend) with the fake platform mounted in-process, draws the network's
 interleavings as requests happen, and then runs *every* checker of
-``tests/properties/harness.py`` on the trace. See docs/property-suite.md.
+``tests/properties/invariants.py`` on the trace. See docs/property-suite.md.
 
 The tests are sync on purpose: Hypothesis cannot run async tests, and pytest-trio's
 fixture-per-example integration trips Hypothesis's function_scoped_fixture health check.
@@ -27,7 +27,7 @@ from trio_worker import Timings
 
 from .properties import PROFILE_NAME, examples
 from .properties.harness import check_all, describe, drop_frames, run_scenario, scratch_check
-from .properties.strategies import (
+from .properties.scenario import (
     BACKENDS,
     STREAM_OUTCOMES,
     TIMEOUT_LOOKALIKES,
@@ -39,11 +39,8 @@ from .properties.strategies import (
     Scenario,
     StopPlan,
     Text,
-    concurrencies,
-    init_plans,
-    quarters,
-    scenarios,
 )
+from .properties.strategies import concurrencies, init_plans, quarters, scenarios
 
 # A hang guard for CI's default profile; a soak (40x the examples, scripts/soak_properties.py)
 # is bounded by its own --minutes instead, so one long property is not cut short.

@@ -8,7 +8,7 @@ The supervisor meets three moments with a choice to make: a take delivers a job
 shutdown also decides which held jobs to release (:func:`releases_at_shutdown`). Each is
 a function of the states in ``_lifecycle.py`` and a few plain facts (is the gate open, did
 the shutdown grace run out), with no I/O and no clock, so the table tests in
-``tests/test_lifecycle.py`` pin every row. The supervisor only carries the answer out.
+``tests/test_decisions.py`` pin every row. The supervisor only carries the answer out.
 
 Precedence, where several things are true at once: a stop the platform asked for wins
 over everything (nothing is reported for a stopped job, docs/design.md §9); an init

@@ -1,0 +1,108 @@
+"""Which answer of a shared pipelined round belongs to which stream (docs/protocol.md §2.4).
+
+The chunks of several streams waiting at once go out in one write and their answers come
+back in the same order (``trio_worker/_chunk_convoy.py``). A platform that answers 200 to
+every chunk cannot tell a round whose answers were handed to the wrong streams from a
+correct one: here the fake platform answers each chunk of each stream as a plan says (a
+503 to one chunk of one stream, a 400 to another stream's chunk, 200 to every other), so
+a misaligned round retries or names the wrong chunk, stores one twice or loses one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import trio
+
+from trio_worker.testing import FakePlatform, Fault
+
+from .backends import BOTH_BACKENDS, sleep_for
+from .test_delivery import finished, running
+
+if TYPE_CHECKING:
+    from trio_worker.testing._routes import Request, Response
+
+CHUNKS = 6
+STREAMS = ("A", "B", "C")
+
+
+class PerChunkAnswers(FakePlatform):
+    """The fake platform, answering a planned fault to the first post of one chunk of one
+    stream (keyed by job id and chunk), and as usual to every other request."""
+
+    def __init__(self, plan: dict[tuple[str, Any], Fault]) -> None:
+        super().__init__()
+        self.plan = dict(plan)
+
+    async def _answer(self, request: Request, fault: Fault | None) -> Response:
+        if request.route == "stream" and fault is None:
+            job_id = unquote(request.record.path.rstrip("/").rsplit("/", 1)[-1])
+            chunk = json.loads(request.body)["output"]
+            fault = self.plan.pop((job_id, chunk), None)
+        return await super()._answer(request, fault)
+
+
+def stream_posts(platform: FakePlatform) -> list[tuple[float, str, Any, int | None]]:
+    """Every stream-chunk post: (arrival, job id, chunk, status answered)."""
+    return [
+        (r.time, r.path.rsplit("/", 1)[-1], json.loads(r.body)["output"], r.status)
+        for r in platform.requests
+        if r.route == "stream"
+    ]
+
+
+@BOTH_BACKENDS
+async def test_each_answer_of_a_shared_round_goes_to_its_own_stream_and_chunk(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    sleep = sleep_for(backend)
+
+    async def stream(job: dict[str, Any]) -> Any:
+        await sleep(0.1)  # every job has started: their first chunks share a round
+        yield 0
+        await sleep(0.5)  # while that round's answers are held back
+        for n in range(1, CHUNKS):
+            yield n
+
+    platform = PerChunkAnswers(
+        {
+            # B's first chunk is answered after a second: the bursts of all three streams
+            # wait behind the first round and then share the next one.
+            ("B", 0): Fault("stream", delay=1.0),
+            ("A", 1): Fault("stream", status=503),  # refused for now: A sends it again
+            ("C", 3): Fault("stream", status=400),  # refused for good: C names it
+        }
+    )
+    async with running(platform, stream, backend=backend, concurrency=len(STREAMS)):
+        for job_id in STREAMS:
+            platform.enqueue({}, job_id=job_id)
+        a, b, c = [await finished(platform, job_id, "COMPLETED") for job_id in STREAMS]
+    assert platform.plan == {}, "a planned answer was never given"
+
+    posts = stream_posts(platform)
+    # The test means something only if the planned chunks shared one round with the other
+    # streams' chunks: one write, so one arrival instant on the platform.
+    shared = [p for p in posts if p[0] == next(p[0] for p in posts if p[1:3] == ("A", 1))]
+    assert {job_id for _, job_id, _, _ in shared} == set(STREAMS)
+    assert ("C", 3) in {(job_id, chunk) for _, job_id, chunk, _ in shared}
+
+    # Every chunk stored exactly once, in order (the refused-for-now one after the chunks
+    # that were on the wire behind it), in its own stream; the one refused for good named.
+    assert a.stream == [0, *range(2, CHUNKS), 1]
+    assert b.stream == list(range(CHUNKS))
+    assert c.stream == [n for n in range(CHUNKS) if n != 3]
+    assert a.done_reports == [{"output": []}]
+    assert b.done_reports == [{"output": []}]
+    assert c.done_reports == [
+        {"output": [], "undelivered_chunk_count": 1, "undelivered_chunks": [3]}
+    ]
+    # Only A's chunk 1 was sent again, and it was answered 503 then 200.
+    sent = Counter((job_id, chunk) for _, job_id, chunk, _ in posts)
+    assert {key: n for key, n in sent.items() if n > 1} == {("A", 1): 2}
+    assert [status for _, job_id, chunk, status in posts if (job_id, chunk) == ("A", 1)] == [
+        503,
+        200,
+    ]
