@@ -23,7 +23,7 @@ from .backends import BOTH_BACKENDS, sleep_for
 from .test_delivery import finished, running
 
 if TYPE_CHECKING:
-    from trio_worker.testing._routes import Request, Response
+    from trio_worker._endpoint._routes import Request, Response
 
 CHUNKS = 6
 STREAMS = ("A", "B", "C")
