@@ -7,13 +7,16 @@ import ssl
 
 import pytest
 import trio
+import trio.testing
 
 from trio_worker import TransportError
 from trio_worker._platform import _lean as lean_module
+from trio_worker._platform._connection import Connection, Phase
 from trio_worker._platform._http import (
     HttpResponse,
     LeanHttp,
 )
+from trio_worker._platform._request import Origin
 from trio_worker._platform._tls import trust_context
 
 from .scripted_server import (
@@ -448,3 +451,30 @@ async def test_close_after_interim_answer_on_reused_connection_is_not_retried(
         with pytest.raises(TransportError):
             await client.request("POST", server.url("/done"), b"result")
     assert len([r for r in server.requests if r.method == "POST"]) == 1
+
+
+# --------------------------------------------------------------------------------------
+# The connection's named state
+# --------------------------------------------------------------------------------------
+
+
+async def test_a_connection_shows_its_named_phase() -> None:
+    client_end, _server_end = trio.testing.memory_stream_pair()
+    connection = Connection(client_end, Origin("http", "platform.test", 8080))
+    assert repr(connection) == "<Connection to platform.test:8080 idle, 0 exchange(s)>"
+    connection.begin_exchange()
+    connection.begin_answer(received=12)
+    assert repr(connection) == (
+        "<Connection to platform.test:8080 exchanging, 1 exchange(s), answer at 12 bytes>"
+    )
+    await connection.aclose()
+    assert connection.phase is Phase.CLOSED
+    assert repr(connection) == "<Connection to platform.test:8080 closed, 1 exchange(s)>"
+
+
+async def test_the_client_shows_its_pool(server: Server, client: LeanHttp) -> None:
+    server.reply(response(b"ok"))
+    assert repr(client) == "<LeanHttp 0 idle connection(s) to 0 origin(s)>"
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+    assert repr(client) == "<LeanHttp 1 idle connection(s) to 1 origin(s)>"
