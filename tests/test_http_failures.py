@@ -1,5 +1,6 @@
-"""Every failure of the lean client is the package's TransportError, and a cancelled or
-failed request never leaks its connection (over real loopback)."""
+"""Every failure of the lean client is the package's TransportError, a cancelled or failed
+request never leaks its connection, and a stale kept-alive connection is retried only when
+nothing of the request was processed (over real loopback)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import trio
 from trio_worker import TransportError
 from trio_worker._platform._http import (
     MAX_HEADER_BYTES,
+    HttpResponse,
     LeanHttp,
 )
 
@@ -324,3 +326,101 @@ async def test_aclose_closes_even_when_cancelled_and_client_usable_afterwards(
         assert server.accepted == 2
     finally:
         await lean.aclose()
+
+
+# --------------------------------------------------------------------------------------
+# Stale kept-alive connections
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_stale_connection_is_retried_on_a_fresh_one(
+    server: Server, client: LeanHttp, how: str, method: str
+) -> None:
+    server.reply(response(b"first"))
+    server.reply(response(b"second"))
+    body = b'{"job": "done"}' if method == "POST" else b""
+    with trio.fail_after(TIMEOUT):
+        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        # The server drops the idle kept-alive connection.
+        idle = server.peers[0]
+        await (idle.close() if how == "close" else idle.reset())
+        await idle.done.wait()
+        answer = await client.request(method, server.url("/2"), body)
+    assert answer.body == b"second"
+    assert server.accepted == 2
+    # The request reached the server exactly once, on the fresh connection.
+    assert [(r.connection, r.target, r.body) for r in server.requests] == [
+        (0, "/1", b""),
+        (1, "/2", body),
+    ]
+
+
+async def test_several_stale_connections_are_all_skipped(server: Server, client: LeanHttp) -> None:
+    gate = trio.Event()
+
+    async def handler(peer: Peer) -> None:
+        while (request := await peer.read_request()) is not None:
+            if len(server.requests) >= 2:
+                gate.set()
+            await gate.wait()
+            await peer.send([response(request.target.encode())])
+
+    server.handler = handler
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client.request, "GET", server.url("/a"))
+            nursery.start_soon(client.request, "GET", server.url("/b"))
+        assert server.accepted == 2
+        for peer in list(server.peers):
+            await peer.close()
+            await peer.done.wait()
+        answer = await client.request("POST", server.url("/c"), b"once")
+    assert answer.body == b"/c"
+    assert server.accepted == 3
+    assert [(r.connection, r.body) for r in server.requests][-1] == (2, b"once")
+    assert len(server.requests) == 3
+
+
+async def test_fresh_connection_closed_before_answer_is_not_retried(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(then="close")
+    with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
+        await client.request("POST", server.url("/x"), b"body")
+    assert server.accepted == 1
+    assert len(server.requests) == 1
+
+
+async def test_reset_after_response_head_on_reused_connection_is_not_retried(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"first"))
+    # Head (promising 10 bytes) then an abortive close before any body byte.
+    server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", then="reset", pause=0.005)
+    server.reply(response(b"duplicate"))
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+        try:
+            answer: HttpResponse | None = await client.request(
+                "POST", server.url("/done"), b"result"
+            )
+        except TransportError:
+            answer = None
+    posts = [r for r in server.requests if r.method == "POST"]
+    assert len(posts) == 1, f"POST delivered {len(posts)} times; answer {answer}"
+    assert answer is None
+
+
+async def test_close_after_interim_answer_on_reused_connection_is_not_retried(
+    server: Server, client: LeanHttp
+) -> None:
+    server.reply(response(b"first"))
+    server.reply(b"HTTP/1.1 100 Continue\r\n\r\n", then="close")
+    server.reply(response(b"duplicate"))
+    with trio.fail_after(TIMEOUT):
+        await client.request("GET", server.url("/1"))
+        with pytest.raises(TransportError):
+            await client.request("POST", server.url("/done"), b"result")
+    assert len([r for r in server.requests if r.method == "POST"]) == 1
