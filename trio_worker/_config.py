@@ -48,7 +48,10 @@ DEFAULT_SHUTDOWN_GRACE = 20.0
 # On shutdown a take in flight gets this long to answer before its deadline cuts it: a job
 # already on the wire lands and runs, an empty long-poll is not waited on (docs/design.md §9, I8).
 DEFAULT_TAKE_DRAIN = 0.5
-DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce
+DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce, when no Retry-After says
+# Every Retry-After, on every route, is honoured within these (trio_worker/_pacing.py).
+DEFAULT_RATE_LIMIT_FLOOR = 1.0
+DEFAULT_RATE_LIMIT_CAP = 60.0
 DEFAULT_ERROR_BACKOFF_MIN = 0.1
 DEFAULT_ERROR_BACKOFF_MAX = 10.0
 DEFAULT_EMPTY_POLL_FLOOR = 1.0  # a stop poll answered empty faster than this waits the rest
@@ -111,6 +114,8 @@ class Timings:
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     take_drain: float = DEFAULT_TAKE_DRAIN
     rate_limit_pause: float = DEFAULT_RATE_LIMIT_PAUSE
+    rate_limit_floor: float = DEFAULT_RATE_LIMIT_FLOOR
+    rate_limit_cap: float = DEFAULT_RATE_LIMIT_CAP
     error_backoff_min: float = DEFAULT_ERROR_BACKOFF_MIN
     error_backoff_max: float = DEFAULT_ERROR_BACKOFF_MAX
     empty_poll_floor: float = DEFAULT_EMPTY_POLL_FLOOR

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ._pacing import FoldedLog, rate_limit_wait
 from ._platform._client import backoff_delay
 
 if TYPE_CHECKING:
@@ -94,6 +95,15 @@ class Backoff:
         self.route = route
         self.timings = timings
         self.errors = 0
+        self._folded = FoldedLog(log, clock=trio.current_time)
+
+    def rate_limited(self, retry_after: float | None) -> float:
+        """The wait after a 429 that asked for *retry_after* seconds (None: it did not
+        say), paced by the one rule every route follows; a run of them logs one line a
+        minute."""
+        delay = rate_limit_wait(retry_after, self.timings)
+        self._folded.log(logging.WARNING, "%s rate limited; pausing %.1fs", self.route, delay)
+        return delay
 
     def failed(self, exc: Exception) -> float:
         """The wait after this failure, logged once here."""
