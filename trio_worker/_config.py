@@ -233,11 +233,41 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _shown(url: str) -> str:
-    """*url* for an error message: credentials in it (``user:pw@``) are not shown."""
+def without_credentials(url: str) -> str:
+    """*url* for a log line or an error message: credentials in it (``user:pw@``) hidden."""
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.partition("@")
-    return repr(f"{scheme}{sep}***@{host}" if at and "/" not in userinfo else url)
+    return f"{scheme}{sep}***@{host}" if at and "/" not in userinfo else url
+
+
+def _shown(url: str) -> str:
+    return repr(without_credentials(url))
+
+
+# The longest worker id, endpoint id or hostname accepted: far above what the platform
+# issues, far below what a request line carries.
+MAX_IDENTITY_LENGTH = 256
+
+
+def _check_identity(name: str, value: str) -> str:
+    """*value* of the variable *name*, checked: it goes into URLs, headers and payloads.
+
+    A CR or LF in the pod id once left take and done working while every ping failed, and
+    a ``?`` moved the rest of the id into the query string. Printable ASCII without
+    spaces is accepted (and percent-encoded where it goes into a URL, see
+    :func:`job_path_segment`); anything else fails the start with this one line.
+    """
+    if (
+        not value.isascii()
+        or len(value) > MAX_IDENTITY_LENGTH
+        or any(ch.isspace() or not ch.isprintable() for ch in value)
+    ):
+        shown = repr(value if len(value) <= 64 else value[:64] + "...")
+        raise ConfigurationError(
+            f"{name} must be printable ASCII without spaces, at most "
+            f"{MAX_IDENTITY_LENGTH} characters, got {shown}"
+        )
+    return value
 
 
 def _check_url(name: str, value: str) -> None:
@@ -304,7 +334,15 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
         ConfigurationError: when a variable holds a value the worker cannot use; the
             message names the variable (and never shows the API key).
     """
-    worker_id = environ.get("RUNPOD_POD_ID") or str(uuid.uuid4())
+    worker_id = _check_identity("RUNPOD_POD_ID", environ.get("RUNPOD_POD_ID") or str(uuid.uuid4()))
+    in_url = job_path_segment(worker_id)
+    endpoint_id = environ.get("RUNPOD_ENDPOINT_ID") or None
+    if endpoint_id is not None:
+        _check_identity("RUNPOD_ENDPOINT_ID", endpoint_id)
+    if environ.get("RUNPOD_POD_HOSTNAME"):
+        hostname = _check_identity("RUNPOD_POD_HOSTNAME", environ["RUNPOD_POD_HOSTNAME"])
+    else:
+        hostname = _check_identity("the hostname (socket.gethostname())", socket.gethostname())
     api_key = environ.get("RUNPOD_AI_API_KEY", "")
     _check_api_key(api_key)
     get_job = environ.get("RUNPOD_WEBHOOK_GET_JOB")
@@ -312,7 +350,7 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
     done, stream = "JOB_DONE_URL", "JOB_STREAM_URL"  # the reference's placeholders
     if get_job:
         _check_url("RUNPOD_WEBHOOK_GET_JOB", get_job)
-        take_url = get_job.replace("$ID", worker_id)
+        take_url = get_job.replace("$ID", in_url)
         if "/job-take/" in take_url:
             batch_url = take_url.replace("/job-take/", "/job-take-batch/")
             stop_url = take_url.replace("/job-take/", "/job-stop/")
@@ -329,16 +367,16 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
         _check_url("RUNPOD_WEBHOOK_PING", ping)
     return PlatformConfig(
         worker_id=worker_id,
-        hostname=environ.get("RUNPOD_POD_HOSTNAME") or socket.gethostname(),
+        hostname=hostname,
         api_key=api_key,
         take_url=take_url,
         batch_take_url=batch_url,
         stop_url=stop_url,
-        done_template=done.replace("$RUNPOD_POD_ID", worker_id),
-        stream_template=stream.replace("$RUNPOD_POD_ID", worker_id),
-        ping_url=ping.replace("$RUNPOD_POD_ID", worker_id) if ping else None,
+        done_template=done.replace("$RUNPOD_POD_ID", in_url),
+        stream_template=stream.replace("$RUNPOD_POD_ID", in_url),
+        ping_url=ping.replace("$RUNPOD_POD_ID", in_url) if ping else None,
         ping_interval=ping_ms / 1000.0,
-        endpoint_id=environ.get("RUNPOD_ENDPOINT_ID"),
+        endpoint_id=endpoint_id,
     )
 
 

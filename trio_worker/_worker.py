@@ -21,7 +21,7 @@ import trio
 from ._asyncio_host import escaped_exits_to, host_loop, require_host
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_posts import PlatformChunks
-from ._config import CaptureMode, Settings, Timings
+from ._config import CaptureMode, Settings, Timings, without_credentials
 from ._exceptions import ConfigurationError, InitializationError, WorkerInternalError
 from ._handlers import Handler, ThreadWaits
 from ._lifecycle import WorkerPhase
@@ -415,13 +415,14 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
 
 
 def describe_settings(settings: Settings) -> str:
-    """One log line with the wiring (never the API key)."""
+    """One log line with the wiring (never the API key, nor a password in a URL)."""
     platform = settings.platform
+    take, ping = platform.take_url, platform.ping_url
     return json.dumps(
         {
             "worker_id": platform.worker_id,
-            "take": platform.take_url,
-            "ping": platform.ping_url,
+            "take": take and without_credentials(take),
+            "ping": ping and without_credentials(ping),
             "ping_interval_s": platform.ping_interval,
         }
     )
