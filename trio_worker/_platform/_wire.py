@@ -4,13 +4,25 @@ Kept pure so the rules for odd answers are tested one by one. Where the referenc
 job silently (a single job missing ``input``; a batch item that crashes dispatch), these
 rules keep it: an item with a usable ``id`` but a bad shape is returned as *malformed*, so the
 worker can report a clear error on that job instead of losing it (docs/protocol.md §8 item 5).
+
+One job's input never costs another job (docs/security.md). A take answer is decoded whole
+when it can be (the fast path); when it cannot, its items are found by a scan that is not
+recursive (:func:`_split_items`) and each is decoded on its own: a job nested 5,000 deep
+once made the whole batch raise ``RecursionError``, and every job in it was dropped. An
+item that cannot be decoded is malformed when its id can be read (``MalformedJob`` with
+the reason); an answer whose structure is broken has its ids read by the same scan
+(:func:`recover_ids`) and each is failed.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 MAX_JOB_ID_LENGTH = 512
 
@@ -86,8 +98,8 @@ def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
         return TakeResponse(garbled=f"content type {content_type!r} is not JSON")
     try:
         data = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
-        return TakeResponse(garbled=f"body is not JSON: {type(exc).__name__}")
+    except (ValueError, RecursionError):
+        return _parse_one_by_one(body)
     out = TakeResponse()
     if isinstance(data, dict):
         _classify_item(data, out)
@@ -97,6 +109,137 @@ def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
     elif data is not None:
         out.garbled = f"unexpected JSON {type(data).__name__}"
     return out
+
+
+def _why_not(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "its JSON is nested too deep to decode"
+    return f"it is not JSON ({_preview(str(exc), 120)})"
+
+
+def _parse_one_by_one(body: bytes) -> TakeResponse:
+    """The answer as a whole did not decode: each item on its own, or every id failed."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    items = None if text is None else _split_items(text)
+    if text is None or items is None:
+        return _failed_whole(body.decode("utf-8", errors="replace"))
+    out = TakeResponse()
+    lost: list[str] = []
+    for item in items:
+        try:
+            _classify_item(json.loads(item), out)
+        except (ValueError, RecursionError) as exc:
+            ids = recover_ids(item, item_depth=1)
+            if ids:
+                out.malformed.append((ids[0], f"the job cannot be decoded: {_why_not(exc)}"))
+            else:
+                lost.append(_why_not(exc))
+    if lost:
+        out.garbled = f"body is not JSON: {len(lost)} item(s) without a readable id ({lost[0]})"
+    return out
+
+
+def _failed_whole(text: str) -> TakeResponse:
+    ids = recover_ids(text)
+    out = TakeResponse(garbled=f"body is not JSON; {len(ids)} job id(s) recovered and failed")
+    out.malformed = [(job_id, "the take answer carrying the job is not JSON") for job_id in ids]
+    return out
+
+
+# A string token (escapes kept whole), a quote opening a string that never ends, or one
+# structural character. The unrolled string pattern is linear and does not recurse.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|"|[\[\]{},:]')
+_OPEN = {"[": "]", "{": "}"}
+
+
+def _tokens(text: str) -> Iterator[re.Match[str]]:
+    return _TOKEN.finditer(text)
+
+
+def _split_items(text: str) -> list[str] | None:
+    """The items of the top-level array (or the one object) of *text*, as text, found
+    without recursion; None when the structure is broken (unbalanced, unterminated, or
+    anything but whitespace after the end)."""
+    stack: list[str] = []
+    items: list[str] = []
+    start = cursor = -1  # where the value begins; where the current array item begins
+    for match in _tokens(text):
+        token = match.group()
+        if start < 0:
+            start = cursor = match.start() + 1
+            if text[: start - 1].strip() or token not in _OPEN:
+                return None
+        if token in _OPEN:
+            stack.append(_OPEN[token])
+        elif token in ("]", "}"):
+            if not stack or stack.pop() != token:
+                return None
+            if not stack:
+                return _items_end(text, start - 1, match.end(), items, text[cursor : match.start()])
+        elif token == "," and len(stack) == 1 and text[start - 1] == "[":
+            item = text[cursor : match.start()].strip()
+            if not item:
+                return None
+            items.append(item)
+            cursor = match.end()
+        elif token == '"':
+            return None  # a string that never ends
+    return None
+
+
+def _items_end(text: str, start: int, end: int, items: list[str], last: str) -> list[str] | None:
+    if text[end:].strip():
+        return None  # something after the answer
+    if text[start] == "{":
+        return [text[start:end]]
+    if last.strip():
+        return [*items, last.strip()]
+    return None if items else []  # a trailing comma is broken; "[]" is no job
+
+
+def recover_ids(text: str, *, item_depth: int | None = None) -> list[str]:
+    """The usable job ids in *text*, read without decoding it: the string value of each
+    ``"id"`` key of the objects at *item_depth* (default: the top-level object, or the
+    objects of the top-level array). Works on a truncated answer too; never raises."""
+    stack: list[str] = []
+    ids: list[str] = []
+    seen: set[str] = set()
+    depth = item_depth
+    state = 0  # 1: an "id" key was read at the item depth, 2: its colon too
+    for match in _tokens(text):
+        token = match.group()
+        if depth is None and token in _OPEN:
+            depth = 2 if token == "[" else 1
+        if token in _OPEN:
+            stack.append(token)
+        elif token in ("]", "}"):
+            if stack:
+                stack.pop()
+        at_item = len(stack) == depth and stack[-1] == "{"
+        if state == 2 and token.startswith('"') and len(token) > 1 and at_item:
+            job_id = _decode_string(token)
+            if job_id is not None and id_problem(job_id) is None and job_id not in seen:
+                seen.add(job_id)
+                ids.append(job_id)
+            state = 0
+        elif state == 1 and token == ":":
+            state = 2
+        elif at_item and token == '"id"':
+            state = 1
+        else:
+            state = 0
+    return ids
+
+
+def _decode_string(token: str) -> str | None:
+    try:
+        value = json.loads(token)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
 
 
 def parse_stop(content_type: str, body: bytes) -> tuple[list[str], str | None]:
