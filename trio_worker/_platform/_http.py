@@ -119,10 +119,10 @@ class HttpxHttp:
                 try:
                     async for chunk in response.aiter_raw():
                         raw += chunk
-                        check_size(len(raw), max_body, method, url)
+                        check_size(len(raw), max_body, method, url, response.status_code, [raw])
                 except httpx.StreamConsumed:
                     raw = bytearray(response.content)  # built in memory (MockTransport)
-                    check_size(len(raw), max_body, method, url)
+                    check_size(len(raw), max_body, method, url, response.status_code, [raw])
                 return HttpResponse(response.status_code, dict(response.headers), bytes(raw))
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from exc

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import quote, urlsplit
@@ -25,8 +25,8 @@ from urllib.parse import quote, urlsplit
 import h11
 import trio
 
-from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
-from .._exceptions import ConfigurationError, TransportError
+from .._config import DEFAULT_CONNECT_TIMEOUT, LIMITS, MAX_ANSWER_BYTES
+from .._exceptions import AnswerTooLarge, ConfigurationError, TransportError
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT, NOT_SIMPLE, parse_simple_answer
 from ._tls import open_tls_stream, trust_context
 
@@ -58,10 +58,25 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
-def check_size(size: int, max_body: int, method: str, url: str) -> None:
+def check_size(
+    size: int,
+    max_body: int,
+    method: str,
+    url: str,
+    status: int = 0,
+    parts: Sequence[bytes | bytearray] = (),
+) -> None:
+    """Raises :class:`AnswerTooLarge` when *size* is over *max_body*, with the first bytes
+    read (*parts*): the ids at the head of a refused take answer are still failed."""
     if size > max_body:
         where = url.partition("?")[0]  # the query is nobody's business in a log line
-        raise TransportError(f"{method} {where}: answer over {_size(max_body)}, not read")
+        head = b"".join(parts)[: LIMITS.answer_head]
+        raise AnswerTooLarge(
+            f"{method} {where}: answer over {_size(max_body)}, not read",
+            status=status,
+            size=size,
+            head=head,
+        )
 
 
 # What may not appear in a request target as is: it is percent-encoded instead.
@@ -561,19 +576,37 @@ class LeanHttp:
         url = f"{origin.scheme}://{origin.where}"
         declared = headers.get("content-length")
         if declared is not None and method != "HEAD" and head.status_code not in (204, 304):
-            check_size(int(declared), max_body, method, url)  # h11 checked the digits
+            # h11 checked the digits. Refused: only the bytes already here are kept.
+            size = int(declared)
+            if size > max_body:
+                arrived = _arrived_body(connection.protocol)
+                check_size(size, max_body, method, url, head.status_code, arrived)
         parts: list[bytes | bytearray] = []
         size = 0
         while True:
             event = await connection.next_event()
             if type(event) is h11.Data:
                 size += len(event.data)
-                check_size(size, max_body, method, url)
                 parts.append(event.data)
+                check_size(size, max_body, method, url, head.status_code, parts)
             elif type(event) is h11.EndOfMessage:
                 return HttpResponse(head.status_code, headers, b"".join(parts))
             else:
                 raise TransportError(f"unexpected answer from {origin.where}: {event!r}")
+
+
+def _arrived_body(protocol: h11.Connection) -> list[bytes | bytearray]:
+    """The body bytes h11 holds already, up to ``Limits.answer_head``, read without waiting:
+    the head of an answer refused for its declared size (docs/security.md)."""
+    parts: list[bytes | bytearray] = []
+    size = 0
+    while size < LIMITS.answer_head:
+        event = protocol.next_event()
+        if type(event) is not h11.Data:
+            break
+        parts.append(event.data)
+        size += len(event.data)
+    return parts
 
 
 async def _close_all(streams: list[trio.abc.Stream]) -> None:

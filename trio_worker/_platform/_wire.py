@@ -17,6 +17,7 @@ the reason); an answer whose structure is broken has its ids read by the same sc
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-MAX_JOB_ID_LENGTH = 512
+from .._config import LIMITS
+
+MAX_JOB_ID_LENGTH = LIMITS.job_id
+
+log = logging.getLogger("trio_worker")
 
 
 @dataclass
@@ -109,6 +114,32 @@ def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
     elif data is not None:
         out.garbled = f"unexpected JSON {type(data).__name__}"
     return out
+
+
+def parse_oversized_take(size: int, limit: int, head: bytes) -> TakeResponse:
+    """A 2xx take answer of *size* bytes refused for being over *limit*, of which *head*
+    (its first bytes) was read: the jobs named there are failed as too large, and the
+    loss of any other is logged (ERROR) with what is known."""
+    ids = recover_ids(head.decode("utf-8", errors="replace"))
+    reason = f"input too large: its take answer has {size} bytes, over the {limit}-byte bound"
+    if ids:
+        log.error(
+            "job-take answer of %d bytes refused (over %d): %d job(s) named in its first "
+            "%d bytes are failed as too large; any job past them is lost",
+            size,
+            limit,
+            len(ids),
+            len(head),
+        )
+    else:
+        log.error(
+            "JOBS LOST: a job-take answer of %d bytes was refused (over %d) and names no "
+            "job id in its first %d bytes: whatever jobs it carried are lost",
+            size,
+            limit,
+            len(head),
+        )
+    return TakeResponse(malformed=[(job_id, reason) for job_id in ids])
 
 
 def _why_not(exc: Exception) -> str:
