@@ -1,4 +1,6 @@
-"""Parsing the platform's take and stop responses (docs/protocol.md §2.1, §2.2, §2.5). No I/O.
+"""Parsing the platform's take and stop responses (docs/protocol.md §2.1, §2.2, §2.5).
+
+No I/O but one log line, for jobs lost in an answer too large to read.
 
 Kept pure so the rules for odd answers are tested one by one. Where the reference drops a
 job silently (a single job missing ``input``; a batch item that crashes dispatch), these
@@ -6,12 +8,13 @@ rules keep it: an item with a usable ``id`` but a bad shape is returned as *malf
 worker can report a clear error on that job instead of losing it (docs/protocol.md §8 item 5).
 
 One job's input never costs another job (docs/security.md). A take answer is decoded whole
-when it can be (the fast path); when it cannot, its items are found by a scan that is not
-recursive (:func:`_split_items`) and each is decoded on its own: a job nested 5,000 deep
-once made the whole batch raise ``RecursionError``, and every job in it was dropped. An
-item that cannot be decoded is malformed when its id can be read (``MalformedJob`` with
-the reason); an answer whose structure is broken has its ids read by the same scan
-(:func:`recover_ids`) and each is failed.
+when it can be (the fast path); when it cannot, each item is decoded on its own where it
+starts, and one that does not decode is skipped by a scan that does not recurse
+(:func:`_skip_value`): a job nested 5,000 deep once made the whole batch raise
+``RecursionError``, and every job in it was dropped. An item that cannot be decoded is
+malformed when its id can be read (``MalformedJob`` with the reason); an answer whose
+structure is broken has its ids read by the same scan (:func:`recover_ids`), and each is
+failed.
 """
 
 from __future__ import annotations
@@ -20,10 +23,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from typing import Any
 
 from .._config import LIMITS
 
@@ -149,86 +149,100 @@ def _why_not(exc: Exception) -> str:
 
 
 def _parse_one_by_one(body: bytes) -> TakeResponse:
-    """The answer as a whole did not decode: each item on its own, or every id failed."""
+    """The answer as a whole did not decode: each item on its own, or every id failed.
+
+    Each item is decoded where it starts (``raw_decode``, at C speed); only an item that
+    does not decode is walked by the token scan, to find its end and its id.
+    """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        text = None
-    items = None if text is None else _split_items(text)
-    if text is None or items is None:
-        return _failed_whole(body.decode("utf-8", errors="replace"))
+        return _failed_whole(body.decode("utf-8", errors="replace"), [], 0)
     out = TakeResponse()
     lost: list[str] = []
-    for item in items:
+    pos = _skip_space(text, 0)
+    single = text.startswith("{", pos)
+    if not single:
+        if not text.startswith("[", pos):
+            return _failed_whole(text, [], 0)
+        pos = _skip_space(text, pos + 1)
+    while True:
+        item_start = pos
         try:
-            _classify_item(json.loads(item), out)
+            item, pos = _DECODER.raw_decode(text, pos)
         except (ValueError, RecursionError) as exc:
-            ids = recover_ids(item, item_depth=1)
+            end = _skip_value(text, pos)
+            if end is None:
+                return _failed_whole(text, _ids_of(out), item_start)
+            ids = recover_ids(text[pos:end], item_depth=1)
             if ids:
                 out.malformed.append((ids[0], f"the job cannot be decoded: {_why_not(exc)}"))
             else:
                 lost.append(_why_not(exc))
+            pos = end
+        else:
+            _classify_item(item, out)
+        pos = _skip_space(text, pos)
+        if not single and text.startswith(",", pos):
+            pos = _skip_space(text, pos + 1)
+            continue
+        if not single and text.startswith("]", pos):
+            pos = _skip_space(text, pos + 1)
+        if pos != len(text):
+            return _failed_whole(text, _ids_of(out), item_start)
+        break
     if lost:
         out.garbled = f"body is not JSON: {len(lost)} item(s) without a readable id ({lost[0]})"
     return out
 
 
-def _failed_whole(text: str) -> TakeResponse:
-    ids = recover_ids(text)
+def _failed_whole(text: str, decoded: list[str], rest: int) -> TakeResponse:
+    """The ids of the items *decoded* before the structure broke, and those read by the
+    scan from *rest* on: each is failed."""
+    ids = list(dict.fromkeys([*decoded, *recover_ids(text[rest:], item_depth=1 if rest else None)]))
     out = TakeResponse(garbled=f"body is not JSON; {len(ids)} job id(s) recovered and failed")
     out.malformed = [(job_id, "the take answer carrying the job is not JSON") for job_id in ids]
     return out
 
 
+def _ids_of(out: TakeResponse) -> list[str]:
+    return [job["id"] for job in out.jobs] + [job_id for job_id, _ in out.malformed]
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
 # A string token (escapes kept whole), a quote opening a string that never ends, or one
 # structural character. The unrolled string pattern is linear and does not recurse.
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|"|[\[\]{},:]')
 _OPEN = {"[": "]", "{": "}"}
 
 
-def _tokens(text: str) -> Iterator[re.Match[str]]:
-    return _TOKEN.finditer(text)
+def _skip_space(text: str, pos: int) -> int:
+    match = _SPACE.match(text, pos)
+    return pos if match is None else match.end()
 
 
-def _split_items(text: str) -> list[str] | None:
-    """The items of the top-level array (or the one object) of *text*, as text, found
-    without recursion; None when the structure is broken (unbalanced, unterminated, or
-    anything but whitespace after the end)."""
+def _skip_value(text: str, pos: int) -> int | None:
+    """Where the value starting at *pos* ends, found without recursion: after its closing
+    bracket, or before the ``,`` or ``]`` that follows a bare word; None when the answer
+    ends first or its brackets do not match."""
     stack: list[str] = []
-    items: list[str] = []
-    start = cursor = -1  # where the value begins; where the current array item begins
-    for match in _tokens(text):
+    for match in _TOKEN.finditer(text, pos):
         token = match.group()
-        if start < 0:
-            start = cursor = match.start() + 1
-            if text[: start - 1].strip() or token not in _OPEN:
-                return None
         if token in _OPEN:
             stack.append(_OPEN[token])
         elif token in ("]", "}"):
-            if not stack or stack.pop() != token:
+            if not stack:
+                return match.start()  # the end of the enclosing array
+            if stack.pop() != token:
                 return None
             if not stack:
-                return _items_end(text, start - 1, match.end(), items, text[cursor : match.start()])
-        elif token == "," and len(stack) == 1 and text[start - 1] == "[":
-            item = text[cursor : match.start()].strip()
-            if not item:
-                return None
-            items.append(item)
-            cursor = match.end()
+                return match.end()
+        elif token == "," and not stack:
+            return match.start()
         elif token == '"':
             return None  # a string that never ends
     return None
-
-
-def _items_end(text: str, start: int, end: int, items: list[str], last: str) -> list[str] | None:
-    if text[end:].strip():
-        return None  # something after the answer
-    if text[start] == "{":
-        return [text[start:end]]
-    if last.strip():
-        return [*items, last.strip()]
-    return None if items else []  # a trailing comma is broken; "[]" is no job
 
 
 def recover_ids(text: str, *, item_depth: int | None = None) -> list[str]:
@@ -240,7 +254,7 @@ def recover_ids(text: str, *, item_depth: int | None = None) -> list[str]:
     seen: set[str] = set()
     depth = item_depth
     state = 0  # 1: an "id" key was read at the item depth, 2: its colon too
-    for match in _tokens(text):
+    for match in _TOKEN.finditer(text):
         token = match.group()
         if depth is None and token in _OPEN:
             depth = 2 if token == "[" else 1
