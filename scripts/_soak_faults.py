@@ -157,11 +157,12 @@ class FaultyPlatform:
         if route != HOSTILE[kind] or (kind == "oversize" and self.faults.oversize_left <= 0):
             await self._answer(scope, receive, send, route, job_id, drip=False)
             return
+        # Counted first: the worker closes the connection on a 65 MiB answer mid-send.
+        self.faults.applied[kind] = self.faults.applied.get(kind, 0) + 1
         if kind == "flood":
             await _send_json(send, 200, _flood(self.rng))
         else:
             await self.platform(scope, receive, _rewritten(send, self._poison_take, kind))
-        self.faults.applied[kind] = self.faults.applied.get(kind, 0) + 1
 
     def _poison_take(self, body: bytes, kind: str) -> bytes:
         """The take answer *body* with one job's input nested too deep (``deep``), or made

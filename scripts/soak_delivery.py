@@ -69,6 +69,7 @@ if str(REPO) not in sys.path:
 
 from _soak_faults import (  # noqa: E402
     HOST,
+    HOSTILE,
     ROUTE_FAULTS,
     ROUTES,
     FaultState,
@@ -289,6 +290,9 @@ async def inject_faults(
                         nursery.start_soon(_refuse_for, proxy, seconds)
                     continue
                 routes = rng.sample(ROUTES, rng.randint(1, len(ROUTES)))
+                if kind in HOSTILE:
+                    # Its one route, open across a few polls (they hold 2 s).
+                    routes, seconds = [HOSTILE[kind]], max(seconds, 8.0)
                 until = trio.current_time() + seconds
                 for route in routes:
                     faults.windows[route] = Window(kind, until)
