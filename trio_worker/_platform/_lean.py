@@ -70,7 +70,13 @@ def check_size(
     read (*parts*): the ids at the head of a refused take answer are still failed."""
     if size > max_body:
         where = url.partition("?")[0]  # the query is nobody's business in a log line
-        head = b"".join(parts)[: LIMITS.answer_head]
+        kept, room = [], LIMITS.answer_head  # not a copy of the whole answer: its head
+        for part in parts:
+            if room <= 0:
+                break
+            kept.append(part[:room])
+            room -= len(part)
+        head = b"".join(kept)
         raise AnswerTooLarge(
             f"{method} {where}: answer over {_size(max_body)}, not read",
             status=status,
