@@ -179,9 +179,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_lifecycle.py",
-                "        if state.terminal:\n            del self._jobs[job.id]",
+                "        if state.terminal:\n            with self._lock:",
                 "        if state.terminal and state is not JobState.RELEASED:\n"
-                "            del self._jobs[job.id]",
+                "            with self._lock:",
             ),
         ),
         required=False,

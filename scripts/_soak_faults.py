@@ -3,6 +3,10 @@
 :class:`FaultyPlatform` wraps the fake platform's ASGI app and answers the requests of a
 route with the fault of its open :class:`Window` (5xx, 429 + Retry-After, drop, hang,
 slow), always *before* the route runs, but for ``slow`` whose answer is dripped after it.
+Hostile answers (docs/security.md) come after the route runs: ``deep`` nests one job's input
+of a take answer 5,000 deep, ``oversize`` makes a take answer 65 MiB (its jobs are then
+owed an "input too large" error), ``flood`` answers a stop poll with 100,000 unknown ids;
+a 429's ``Retry-After`` is now and then ``0``, ``-5`` or ``nan``.
 :class:`Proxy` sits between the worker and the platform and, while refusing, closes its
 listener (connects are refused) and every connection between requests, as a platform that
 stops listening does, never in the middle of an answer.
@@ -31,7 +35,14 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 ROUTES = ("take", "stop", "done", "stream", "ping")
-ROUTE_FAULTS = ("5xx", "429", "drop", "hang", "slow")
+ROUTE_FAULTS = ("5xx", "429", "drop", "hang", "slow", "deep", "oversize", "flood")
+# The hostile answers, and the one route each applies to.
+HOSTILE = {"deep": "take", "oversize": "take", "flood": "stop"}
+HOSTILE_RETRY_AFTER = ("0", "-5", "nan")
+DEEP = b"[" * 5_000 + b"]" * 5_000
+OVERSIZE = 65 * 1024 * 1024  # over the worker's 64 MiB bound on a take answer
+FLOOD = 100_000
+_PLACEHOLDER = "\u0000soak-placeholder"
 _SEGMENTS = {
     "job-take": "take",
     "job-take-batch": "take",
@@ -60,6 +71,9 @@ class FaultState:
     applied: dict[str, int] = field(default_factory=dict)
     opened: dict[str, int] = field(default_factory=dict)
     ambiguous: set[str] = field(default_factory=set)  # jobs whose report answer may be lost
+    # Jobs handed out in a hostile answer: owed a MalformedJob error, not a result.
+    poisoned: set[str] = field(default_factory=set)
+    oversize_left: int = 3  # 65 MiB answers are costly: a few per run
 
     def active(self, route: str) -> Window | None:
         window = self.windows.get(route)
@@ -90,6 +104,9 @@ class FaultyPlatform:
         window = self.faults.active(route) if route else None
         if window is None:
             await self._answer(scope, receive, send, route, job_id, drip=False)
+            return
+        if window.kind in HOSTILE:
+            await self._hostile(scope, receive, send, route, job_id, window.kind)
             return
         self.faults.applied[window.kind] = self.faults.applied.get(window.kind, 0) + 1
         body = await _read_body(receive)
@@ -128,17 +145,98 @@ class FaultyPlatform:
                 self.faults.ambiguous.add(job_id)
             raise
 
+    async def _hostile(
+        self,
+        scope: Message,
+        receive: Receive,
+        send: Send,
+        route: str | None,
+        job_id: str,
+        kind: str,
+    ) -> None:
+        if route != HOSTILE[kind] or (kind == "oversize" and self.faults.oversize_left <= 0):
+            await self._answer(scope, receive, send, route, job_id, drip=False)
+            return
+        # Counted first: the worker closes the connection on a 65 MiB answer mid-send.
+        self.faults.applied[kind] = self.faults.applied.get(kind, 0) + 1
+        if kind == "flood":
+            await _send_json(send, 200, _flood(self.rng))
+        else:
+            await self.platform(scope, receive, _rewritten(send, self._poison_take, kind))
+
+    def _poison_take(self, body: bytes, kind: str) -> bytes:
+        """The take answer *body* with one job's input nested too deep (``deep``), or made
+        65 MiB by its last job's input (``oversize``); the jobs it fails are noted."""
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return body
+        jobs = answer if isinstance(answer, list) else [answer] if answer else []
+        if not jobs:
+            return body
+        if kind == "deep":
+            victim = self.rng.choice(jobs)
+            self.faults.poisoned.add(victim["id"])
+            filling = DEEP
+        else:
+            self.faults.oversize_left -= 1
+            self.faults.poisoned.update(job["id"] for job in jobs)
+            victim = jobs[-1]
+            filling = b'"' + b"x" * OVERSIZE + b'"'
+        victim["input"] = _PLACEHOLDER
+        encoded = json.dumps(answer).encode()
+        return encoded.replace(json.dumps(_PLACEHOLDER).encode(), filling, 1)
+
     async def _status(self, send: Send, kind: str) -> None:
         headers = [(b"content-type", b"application/json")]
         if kind == "429":
             status = 429
-            headers.append((b"retry-after", str(self.rng.randint(1, 12)).encode()))
+            wait = str(self.rng.randint(1, 12))
+            if self.rng.random() < 0.5:
+                wait = self.rng.choice(HOSTILE_RETRY_AFTER)
+            headers.append((b"retry-after", wait.encode()))
         else:
             status = self.rng.choice((500, 502, 503, 504))
         body = json.dumps({"error": f"soak: injected {status}"}).encode()
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _flood(rng: random.Random) -> dict[str, list[str]]:
+    """A stop answer naming FLOOD ids no worker holds, under the 1 MiB answer bound."""
+    base = rng.randrange(1 << 32)
+    return {"jobsToStop": [f"f{base + n:x}" for n in range(FLOOD)]}
+
+
+async def _send_json(send: Send, status: int, value: object) -> None:
+    body = json.dumps(value, separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _rewritten(send: Send, rewrite: Callable[[bytes, str], bytes], kind: str) -> Send:
+    """A send that holds the route's answer and sends ``rewrite(body, kind)`` instead."""
+    start: list[Message] = []
+    chunks: list[bytes] = []
+
+    async def hold(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.append(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(chunks)
+        if start[0]["status"] == 200:
+            body = rewrite(body, kind)
+        headers = [(k, v) for k, v in start[0].get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", b"%d" % len(body)))
+        await send({**start[0], "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return hold
 
 
 async def _client_leaves_within(receive: Receive, seconds: float) -> bool:

@@ -14,7 +14,12 @@ ping):
 * ``hang``: no answer until the client gives up or the window ends, then a drop;
 * ``slow``: a delay before the route, then an answer dripped in four pieces;
 * ``refuse`` (the proxy, all routes): connections are refused, open ones are closed
-  between requests, as when the platform stops listening.
+  between requests, as when the platform stops listening;
+* hostile answers (docs/security.md): ``deep`` (take: one job's input nested 5,000 deep),
+  ``oversize`` (take: the answer made 65 MiB, a few times a run), ``flood`` (stop: 100,000
+  unknown ids), and half of the 429s ask for ``Retry-After`` ``0``, ``-5`` or ``nan``.
+  A job handed out in a hostile take answer is owed one MalformedJob error: reported
+  FAILED once, it counts as delivered once (``poisoned``), any other end as lost.
 
 Windows last up to ``--max-outage`` seconds (most are short). Every fault but ``slow``
 acts *before* the route, so the platform never records a report whose answer the worker
@@ -64,6 +69,7 @@ if str(REPO) not in sys.path:
 
 from _soak_faults import (  # noqa: E402
     HOST,
+    HOSTILE,
     ROUTE_FAULTS,
     ROUTES,
     FaultState,
@@ -209,6 +215,8 @@ class Report:
     taken_again: int = 0
     worker_restarts: int = 0
     results_lost_logged: int = 0
+    poisoned: int = 0  # jobs handed out in a hostile take answer
+    poisoned_failed: int = 0  # of those, reported FAILED (a MalformedJob error), as owed
     worker_exit: int | None = None
     rss_mib: dict[str, float | None] = field(default_factory=dict)
     faults_opened: dict[str, int] = field(default_factory=dict)
@@ -233,7 +241,7 @@ def tally(platform: FakePlatform, faults: FaultState, report: Report) -> None:
         report.taken_again += job.takes > 1
         if not job.done_reports:
             report.stuck_in_progress += 1
-        elif job.status != "COMPLETED":
+        elif job.status != "COMPLETED" and job.id not in faults.poisoned:
             report.lost_failed += 1
         elif len(job.done_reports) == 1:
             report.delivered_once += 1
@@ -241,6 +249,11 @@ def tally(platform: FakePlatform, faults: FaultState, report: Report) -> None:
             report.delivered_twice += 1
             report.twice_explained += job.id in faults.ambiguous
     report.lost = report.stuck_in_progress + report.lost_failed
+    report.poisoned = len(faults.poisoned)
+    jobs = platform.jobs
+    report.poisoned_failed = sum(
+        1 for job_id in faults.poisoned if job_id in jobs and jobs[job_id].status == "FAILED"
+    )
     report.faults_opened = dict(faults.opened)
     report.faults_applied = dict(faults.applied)
     report.requests_by_route = platform.statistics().requests_by_route
@@ -277,6 +290,9 @@ async def inject_faults(
                         nursery.start_soon(_refuse_for, proxy, seconds)
                     continue
                 routes = rng.sample(ROUTES, rng.randint(1, len(ROUTES)))
+                if kind in HOSTILE:
+                    # Its one route, open across a few polls (they hold 2 s).
+                    routes, seconds = [HOSTILE[kind]], max(seconds, 8.0)
                 until = trio.current_time() + seconds
                 for route in routes:
                     faults.windows[route] = Window(kind, until)
@@ -430,6 +446,8 @@ def print_report(report: Report, log_path: Path) -> None:
         f"({report.twice_explained} after an answer that may have been lost)",
         f"lost               {report.lost} ({report.stuck_in_progress} never reported, "
         f"{report.lost_failed} FAILED)",
+        f"poisoned           {report.poisoned} in hostile take answers, "
+        f"{report.poisoned_failed} failed by name as owed",
         f"stuck IN_QUEUE     {report.stuck_in_queue}",
         f"stuck IN_PROGRESS  {report.stuck_in_progress}",
         f"RESULT LOST logs   {report.results_lost_logged}",

@@ -576,3 +576,43 @@ def test_every_route_url_is_built_by_the_platform_config() -> None:
         "https://api/v2/e/job-take-batch/w1?gpu=a&batch_size=3&job_in_progress=0"
     )
     assert config.done_url("j", is_stream=True) == "https://api/v2/e/job-done/w1/j?isStream=true"
+
+
+# --- the worker's identity: pod id, endpoint id, hostname (docs/security.md) --------------
+
+
+@pytest.mark.parametrize("name", ["RUNPOD_POD_ID", "RUNPOD_ENDPOINT_ID", "RUNPOD_POD_HOSTNAME"])
+@pytest.mark.parametrize("value", ["w1\r\nX-Forged: 1", "w 1", "w\x00", "wé", "w" * 257])
+def test_identity_variables_that_no_url_or_header_can_carry_are_refused_by_name(
+    name: str, value: str
+) -> None:
+    # Before: accepted; a CR/LF in the pod id left take and done working while every
+    # ping failed.
+    with pytest.raises(ConfigurationError, match=f"^{name} must be printable ASCII"):
+        platform_from_env(env(**{name: value}))
+
+
+def test_identity_variables_are_checked_in_local_mode_too() -> None:
+    with pytest.raises(ConfigurationError, match=r"^RUNPOD_POD_ID"):
+        platform_from_env({"RUNPOD_POD_ID": "w\n1"})
+
+
+def test_url_characters_in_the_pod_id_are_percent_encoded_in_every_url() -> None:
+    # Before: "w?x=1" put "x=1" and the rest of the path in the query string.
+    config = platform_from_env(env(RUNPOD_POD_ID="w?x=1#f/g&h"))
+    encoded = "w%3Fx%3D1%23f%2Fg%26h"
+    assert config.worker_id == "w?x=1#f/g&h"  # as is in error payloads (JSON)
+    assert config.take_url == f"{H}/job-take/{encoded}?gpu=A100"
+    assert config.stop_url == f"{H}/job-stop/{encoded}?gpu=A100"
+    assert config.done_url("j1", is_stream=False) == (
+        f"{H}/job-done/{encoded}/j1?gpu=A100&isStream=false"
+    )
+    assert config.ping_url == f"{H}/ping/{encoded}?gpu=A100"
+
+
+def test_identity_variables_that_the_platform_issues_are_unchanged() -> None:
+    config = platform_from_env(
+        env(RUNPOD_POD_ID="abc123-x_y.z~", RUNPOD_ENDPOINT_ID="ep-1", RUNPOD_POD_HOSTNAME="h-1")
+    )
+    assert config.take_url == f"{H}/job-take/abc123-x_y.z~?gpu=A100"
+    assert (config.endpoint_id, config.hostname) == ("ep-1", "h-1")

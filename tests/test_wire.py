@@ -81,12 +81,18 @@ def test_json_content_type_variants_are_accepted(content_type: str) -> None:
     assert [job["id"] for job in response.jobs] == ["a"]
 
 
-@pytest.mark.parametrize(
-    "body", [b"{", b"{'id': 'a'}", b"<html>busy</html>", b"\xff\xfe\x00", b'{"id": "a"} x']
-)
+@pytest.mark.parametrize("body", [b"{", b"{'id': 'a'}", b"<html>busy</html>", b"\xff\xfe\x00"])
 def test_unparsable_json_is_garbled(body: bytes) -> None:
     response = parse_take(200, JSON, body)
     assert_nothing(response)
+    assert response.garbled is not None
+    assert "not JSON" in response.garbled
+
+
+def test_an_unparsable_answer_has_its_ids_recovered_and_failed() -> None:
+    response = parse_take(200, JSON, b'{"id": "a"} x')
+    assert response.jobs == []
+    assert response.malformed == [("a", "the take answer carrying the job is not JSON")]
     assert response.garbled is not None
     assert "not JSON" in response.garbled
 
@@ -330,3 +336,84 @@ def test_stop_deeply_nested_json_is_a_warning_not_raised() -> None:
     ids, warning = parse_stop(JSON, b'{"jobsToStop": ' + b"[" * 100_000)
     assert ids == []
     assert warning is not None
+
+
+# --- one job's input never costs another job (docs/security.md) ---------------------------
+
+DEEP = b"[" * 5_000 + b"]" * 5_000  # about 10 KB, past any JSON decoder's recursion limit
+
+
+def test_a_job_nested_too_deep_is_malformed_and_the_rest_of_its_batch_runs() -> None:
+    # Before: RecursionError on the whole answer; every job of the batch dropped.
+    body = (
+        b'[{"id": "a", "input": 1}, {"id": "deep", "input": ' + DEEP + b"}, "
+        b'{"id": "c", "input": {"s": "]},\\"[{"}}]'
+    )
+    response = parse_take(200, JSON, body)
+    assert [job["id"] for job in response.jobs] == ["a", "c"]
+    assert response.jobs[1]["input"] == {"s": ']},"[{'}
+    assert response.malformed == [
+        ("deep", "the job cannot be decoded: its JSON is nested too deep to decode")
+    ]
+    assert response.garbled is None
+
+
+def test_a_single_job_nested_too_deep_is_malformed() -> None:
+    response = parse_take(200, JSON, b'{"input": ' + DEEP + b', "id": "a/b?c"}')
+    assert response.jobs == []
+    assert [job_id for job_id, _ in response.malformed] == ["a/b?c"]
+
+
+def test_a_job_that_is_not_json_is_malformed_and_the_others_run() -> None:
+    body = b'[{"id": "a", "input": 1}, {"id": "b", "input": nope}, {"id": "c", "input": 2}]'
+    response = parse_take(200, JSON, body)
+    assert [job["id"] for job in response.jobs] == ["a", "c"]
+    ((job_id, reason),) = response.malformed
+    assert job_id == "b"
+    assert reason.startswith("the job cannot be decoded: it is not JSON")
+
+
+def test_a_truncated_batch_has_every_readable_id_failed() -> None:
+    # Ids nested inside an input are not jobs; an escaped id is read as its value.
+    body = (
+        b'[{"id": "a", "input": {"id": "not-a-job"}}, {"input": 1, "id": "q\\"uote"}, '
+        b'{"id": "cut", "input": [1, 2'
+    )
+    response = parse_take(200, JSON, body)
+    assert response.jobs == []
+    assert [job_id for job_id, _ in response.malformed] == ["a", 'q"uote', "cut"]
+    assert response.garbled is not None
+
+
+def test_unusable_ids_are_not_recovered() -> None:
+    body = b'[{"id": "", "input": 1}, {"id": "x\\u0000y"}, {"id": 7}, {"id": "ok"'
+    response = parse_take(200, JSON, body)
+    assert [job_id for job_id, _ in response.malformed] == ["ok"]
+
+
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "id": st.text(min_size=1, max_size=8),
+                "input": st.recursive(
+                    st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda inner: (
+                        st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+                    ),
+                    max_leaves=8,
+                ),
+            }
+        ),
+        max_size=5,
+    )
+)
+def test_the_scan_finds_the_same_jobs_as_the_decoder(jobs: list[dict[str, Any]]) -> None:
+    # One deep job appended forces the scan; every other job must come out as decoded.
+    body = json.dumps([*jobs, "DEEP"]).encode().replace(b'"DEEP"', DEEP)
+    response = parse_take(200, JSON, body)
+    expected = take(jobs)
+    assert response.jobs == expected.jobs
+    assert response.malformed == expected.malformed
+    assert response.garbled is not None  # the deep item has no id: said, not dropped

@@ -13,29 +13,39 @@ Unlike the reference, a template without a ``?`` gets one, so query parameters n
 the path, and bad values fail at start with a message naming the variable instead of
 crashing at import (docs/protocol.md §8 items 17 and 22).
 
-The worker's own internal timeouts live in :class:`Timings`, one value object with named
-defaults, in the manner of ``httpx.Timeout``.
+The worker's own internal timeouts live in :class:`Timings`, and the bounds on what the
+network can make it hold in :class:`Limits`: value objects with named defaults, in the
+manner of ``httpx.Timeout`` and ``httpx.Limits``. The reference's command line and log
+level are read in ``_flags.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
 import socket
 import uuid
-from typing import TYPE_CHECKING, Literal, NoReturn
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
 from ._capture import Redactor
 from ._exceptions import ConfigurationError
 
+# Read in _flags.py; importable from here as before this module was split.
+from ._flags import DEFAULT_API_HOST as DEFAULT_API_HOST
+from ._flags import DEFAULT_API_PORT as DEFAULT_API_PORT
+from ._flags import LOG_LEVELS as LOG_LEVELS
+from ._flags import LocalArgs as LocalArgs
+from ._flags import UsageError as UsageError
+from ._flags import log_level_from as log_level_from
+from ._flags import parse_cli as parse_cli
+from ._flags import read_test_input_file as read_test_input_file
+from ._flags import reference_flags as reference_flags
+
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from pathlib import Path
+    from collections.abc import Mapping
 
 # Defaults, named so the docs and the code cannot drift apart.
 DEFAULT_PING_INTERVAL_MS = 10_000
@@ -48,7 +58,10 @@ DEFAULT_SHUTDOWN_GRACE = 20.0
 # On shutdown a take in flight gets this long to answer before its deadline cuts it: a job
 # already on the wire lands and runs, an empty long-poll is not waited on (docs/design.md §9, I8).
 DEFAULT_TAKE_DRAIN = 0.5
-DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce
+DEFAULT_RATE_LIMIT_PAUSE = 5.0  # the reference's 429 debounce, when no Retry-After says
+# Every Retry-After, on every route, is honoured within these (trio_worker/_pacing.py).
+DEFAULT_RATE_LIMIT_FLOOR = 1.0
+DEFAULT_RATE_LIMIT_CAP = 60.0
 DEFAULT_ERROR_BACKOFF_MIN = 0.1
 DEFAULT_ERROR_BACKOFF_MAX = 10.0
 DEFAULT_EMPTY_POLL_FLOOR = 1.0  # a stop poll answered empty faster than this waits the rest
@@ -72,28 +85,40 @@ DEFAULT_REPORT_ATTEMPT_TIMEOUT = 10.0
 DEFAULT_REPORT_MIN_RATE = 1024.0 * 1024.0  # bytes per second
 # How long a final report waits for the job's progress posts in flight before cutting them.
 DEFAULT_PROGRESS_BOUND = 2.0
-DEFAULT_API_HOST = "localhost"
-DEFAULT_API_PORT = 8000
-# Bounds on what the network can make the worker hold (docs/protocol.md §2.0).
-MAX_TAKE_ANSWER_BYTES = 64 * 1024 * 1024  # one take answer: a batch of jobs with large inputs
-MAX_ANSWER_BYTES = 1024 * 1024  # any other answer: stop, ping, report acknowledgements
-# The whole ping URL: fits the 8 KiB request line of nginx's and Apache's defaults
-# (docs/protocol.md §2.6); held ids past it take turns, ping by ping.
-MAX_PING_URL_BYTES = 8000
-
 CaptureMode = Literal["on", "off"]
-LOG_LEVELS = {
-    "NOTSET": logging.NOTSET,
-    "TRACE": logging.DEBUG,
-    "DEBUG": logging.DEBUG,
-    "INFO": logging.INFO,
-    "WARN": logging.WARNING,
-    "WARNING": logging.WARNING,
-    "ERROR": logging.ERROR,
-    "CRITICAL": logging.CRITICAL,
-}
-# The reference also accepts an index 0-5 into its own list of names.
-_LEVEL_BY_INDEX = ["NOTSET", "TRACE", "DEBUG", "INFO", "WARN", "ERROR"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds on what the network and the environment can make the worker hold, in bytes
+    or characters (docs/protocol.md §2.0, docs/security.md).
+
+    >>> Limits().take_answer // (1024 * 1024)
+    64
+    """
+
+    # One take answer: a batch of jobs with large inputs.
+    take_answer: int = 64 * 1024 * 1024
+    # Any other answer: stop, ping, report acknowledgements.
+    answer: int = 1024 * 1024
+    # Of an answer refused as too large, this much is read: the ids a take answer names
+    # there are failed as too large instead of lost.
+    answer_head: int = 64 * 1024
+    # The whole ping URL: fits the 8 KiB request line of nginx's and Apache's defaults
+    # (docs/protocol.md §2.6); held ids past it take turns, ping by ping.
+    ping_url: int = 8000
+    # A job id, in characters (at most ~6 KiB once percent-encoded, docs/protocol.md §2.1).
+    job_id: int = 512
+    # RUNPOD_POD_ID, RUNPOD_ENDPOINT_ID, the hostname: far above what the platform issues,
+    # far below what a request line carries.
+    identity: int = 256
+
+
+LIMITS = Limits()
+# The names before Limits, for the modules that still read them.
+MAX_TAKE_ANSWER_BYTES = LIMITS.take_answer
+MAX_ANSWER_BYTES = LIMITS.answer
+MAX_PING_URL_BYTES = LIMITS.ping_url
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +136,8 @@ class Timings:
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     take_drain: float = DEFAULT_TAKE_DRAIN
     rate_limit_pause: float = DEFAULT_RATE_LIMIT_PAUSE
+    rate_limit_floor: float = DEFAULT_RATE_LIMIT_FLOOR
+    rate_limit_cap: float = DEFAULT_RATE_LIMIT_CAP
     error_backoff_min: float = DEFAULT_ERROR_BACKOFF_MIN
     error_backoff_max: float = DEFAULT_ERROR_BACKOFF_MAX
     empty_poll_floor: float = DEFAULT_EMPTY_POLL_FLOOR
@@ -188,19 +215,6 @@ class PlatformConfig:
         return with_query(self.batch_take_url, f"batch_size={count}&job_in_progress={flag}")
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalArgs:
-    """The reference's CLI flags (``--rp_*``, ``--test_input``)."""
-
-    test_input: object | None = None
-    log_level: str | None = None
-    serve_api: bool = False
-    api_host: str = DEFAULT_API_HOST
-    api_port: int = DEFAULT_API_PORT
-    debugger: bool = False
-    help: bool = False  # --help: start() prints the flags and exits 0
-
-
 def job_path_segment(job_id: str) -> str:
     """*job_id* as one URL path segment: every byte but ``A-Z a-z 0-9 - . _ ~`` percent-encoded.
 
@@ -228,11 +242,36 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ConfigurationError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _shown(url: str) -> str:
-    """*url* for an error message: credentials in it (``user:pw@``) are not shown."""
+def without_credentials(url: str) -> str:
+    """*url* for a log line or an error message: credentials in it (``user:pw@``) hidden."""
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.partition("@")
-    return repr(f"{scheme}{sep}***@{host}" if at and "/" not in userinfo else url)
+    return f"{scheme}{sep}***@{host}" if at and "/" not in userinfo else url
+
+
+def _shown(url: str) -> str:
+    return repr(without_credentials(url))
+
+
+def _check_identity(name: str, value: str) -> str:
+    """*value* of the variable *name*, checked: it goes into URLs, headers and payloads.
+
+    A CR or LF in the pod id once left take and done working while every ping failed, and
+    a ``?`` moved the rest of the id into the query string. Printable ASCII without
+    spaces is accepted (and percent-encoded where it goes into a URL, see
+    :func:`job_path_segment`); anything else fails the start with this one line.
+    """
+    if (
+        not value.isascii()
+        or len(value) > LIMITS.identity
+        or any(ch.isspace() or not ch.isprintable() for ch in value)
+    ):
+        shown = repr(value if len(value) <= 64 else value[:64] + "...")
+        raise ConfigurationError(
+            f"{name} must be printable ASCII without spaces, at most "
+            f"{LIMITS.identity} characters, got {shown}"
+        )
+    return value
 
 
 def _check_url(name: str, value: str) -> None:
@@ -299,7 +338,15 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
         ConfigurationError: when a variable holds a value the worker cannot use; the
             message names the variable (and never shows the API key).
     """
-    worker_id = environ.get("RUNPOD_POD_ID") or str(uuid.uuid4())
+    worker_id = _check_identity("RUNPOD_POD_ID", environ.get("RUNPOD_POD_ID") or str(uuid.uuid4()))
+    in_url = job_path_segment(worker_id)
+    endpoint_id = environ.get("RUNPOD_ENDPOINT_ID") or None
+    if endpoint_id is not None:
+        _check_identity("RUNPOD_ENDPOINT_ID", endpoint_id)
+    if environ.get("RUNPOD_POD_HOSTNAME"):
+        hostname = _check_identity("RUNPOD_POD_HOSTNAME", environ["RUNPOD_POD_HOSTNAME"])
+    else:
+        hostname = _check_identity("the hostname (socket.gethostname())", socket.gethostname())
     api_key = environ.get("RUNPOD_AI_API_KEY", "")
     _check_api_key(api_key)
     get_job = environ.get("RUNPOD_WEBHOOK_GET_JOB")
@@ -307,7 +354,7 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
     done, stream = "JOB_DONE_URL", "JOB_STREAM_URL"  # the reference's placeholders
     if get_job:
         _check_url("RUNPOD_WEBHOOK_GET_JOB", get_job)
-        take_url = get_job.replace("$ID", worker_id)
+        take_url = get_job.replace("$ID", in_url)
         if "/job-take/" in take_url:
             batch_url = take_url.replace("/job-take/", "/job-take-batch/")
             stop_url = take_url.replace("/job-take/", "/job-stop/")
@@ -324,156 +371,17 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
         _check_url("RUNPOD_WEBHOOK_PING", ping)
     return PlatformConfig(
         worker_id=worker_id,
-        hostname=environ.get("RUNPOD_POD_HOSTNAME") or socket.gethostname(),
+        hostname=hostname,
         api_key=api_key,
         take_url=take_url,
         batch_take_url=batch_url,
         stop_url=stop_url,
-        done_template=done.replace("$RUNPOD_POD_ID", worker_id),
-        stream_template=stream.replace("$RUNPOD_POD_ID", worker_id),
-        ping_url=ping.replace("$RUNPOD_POD_ID", worker_id) if ping else None,
+        done_template=done.replace("$RUNPOD_POD_ID", in_url),
+        stream_template=stream.replace("$RUNPOD_POD_ID", in_url),
+        ping_url=ping.replace("$RUNPOD_POD_ID", in_url) if ping else None,
         ping_interval=ping_ms / 1000.0,
-        endpoint_id=environ.get("RUNPOD_ENDPOINT_ID"),
+        endpoint_id=endpoint_id,
     )
-
-
-def log_level_from(environ: Mapping[str, str], cli_value: str | None) -> int:
-    """The log level: ``--rp_log_level``, else ``RUNPOD_LOG_LEVEL``, else ``RUNPOD_DEBUG_LEVEL``.
-
-    The default is INFO, not the reference's DEBUG (docs/protocol.md §8 item 39).
-    """
-    if cli_value is not None:
-        source, raw = "--rp_log_level", cli_value
-    elif environ.get("RUNPOD_LOG_LEVEL"):
-        source, raw = "RUNPOD_LOG_LEVEL", environ["RUNPOD_LOG_LEVEL"]
-    elif environ.get("RUNPOD_DEBUG_LEVEL"):
-        source, raw = "RUNPOD_DEBUG_LEVEL", environ["RUNPOD_DEBUG_LEVEL"]
-    else:
-        return logging.INFO
-    name = raw.strip().upper()
-    if name.isdigit() and int(name) < len(_LEVEL_BY_INDEX):
-        name = _LEVEL_BY_INDEX[int(name)]
-    if name not in LOG_LEVELS:
-        choices = ", ".join(LOG_LEVELS)
-        raise ConfigurationError(f"{source} must be one of {choices} (or 0-5), got {raw!r}")
-    return LOG_LEVELS[name]
-
-
-class UsageError(ConfigurationError):
-    """A mistake on the command line: one line on stderr and exit status 2, as argparse."""
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-_FLAGS_DESCRIPTION = """\
-Runs this file as a Runpod Serverless worker (trio_worker.start). With RUNPOD_WEBHOOK_GET_JOB
-set, as on the platform, it takes jobs from the queue until SIGTERM; without it, it runs
-the handler once on --test_input (or ./test_input.json), or serves the endpoint API on
-localhost with --rp_serve_api. Flags it does not know are left to the program."""
-
-
-def reference_flags(prog: str | None = None) -> argparse.ArgumentParser:
-    """The reference SDK's flags, as ``start()`` reads them (``python worker.py --help``)."""
-    # No abbreviations: an unrelated --test flag must not be taken for --test_input.
-    parser = _RaisingParser(
-        prog=prog,
-        description=_FLAGS_DESCRIPTION,
-        add_help=False,
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add = parser.add_argument
-    add("-h", "--help", action="store_true", help="show this help and exit")
-    add(
-        "--test_input",
-        metavar="JSON",
-        help="run the handler once on this job, e.g. "
-        """'{"input": {"prompt": "hi"}}', print the result and exit""",
-    )
-    add(
-        "--rp_log_level",
-        metavar="LEVEL",
-        help="ERROR, WARN, INFO, DEBUG or 0-5 (default: "
-        "RUNPOD_LOG_LEVEL, else RUNPOD_DEBUG_LEVEL, else INFO)",
-    )
-    add(
-        "--rp_serve_api",
-        action="store_true",
-        help="serve the endpoint API (/run, /runsync, "
-        "/status, /stream, ...) on localhost with a real worker behind it",
-    )
-    add(
-        "--rp_api_host",
-        default=DEFAULT_API_HOST,
-        metavar="HOST",
-        help=f"--rp_serve_api's address (default: {DEFAULT_API_HOST})",
-    )
-    add(
-        "--rp_api_port",
-        default=str(DEFAULT_API_PORT),
-        metavar="PORT",
-        help=f"--rp_serve_api's port (default: {DEFAULT_API_PORT})",
-    )
-    add("--rp_debugger", action="store_true", help="accepted for compatibility and ignored")
-    return parser
-
-
-def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
-    """Parse the reference's flags from *argv*, ignoring flags that are not ours.
-
-    ``--test_input`` takes JSON; without it a ``test_input.json`` in *cwd* is read, as the
-    reference does, but only when the caller decides the worker is in local mode.
-
-    Raises:
-        UsageError: when ``--test_input`` has no value or is not JSON, or a port is not a
-            number.
-    """
-    try:
-        known, _unknown = reference_flags().parse_known_args(list(argv))
-    except UsageError as exc:
-        if "--test_input" in str(exc):
-            raise UsageError(
-                """--test_input needs a value: the job as JSON, e.g. --test_input '{"input": {}}'"""
-            ) from None
-        raise
-    test_input: object | None = None
-    if known.test_input is not None:
-        try:
-            test_input = json.loads(known.test_input)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--test_input must be JSON: {exc}") from None
-    try:
-        port = int(known.rp_api_port)
-    except ValueError:
-        raise UsageError(f"--rp_api_port must be an integer, got {known.rp_api_port!r}") from None
-    return LocalArgs(
-        test_input=test_input,
-        log_level=known.rp_log_level,
-        serve_api=known.rp_serve_api,
-        api_host=known.rp_api_host,
-        api_port=port,
-        debugger=known.rp_debugger,
-        help=known.help,
-    )
-
-
-def read_test_input_file(cwd: Path) -> object | None:
-    """The contents of ``test_input.json`` in *cwd*, or None when there is none.
-
-    Raises:
-        ConfigurationError: when the file exists but is not JSON.
-    """
-    path = cwd / "test_input.json"
-    if not path.is_file():
-        return None
-    try:
-        data: object = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"{path} is not valid JSON: {exc}") from None
-    return data
 
 
 @dataclasses.dataclass(frozen=True)

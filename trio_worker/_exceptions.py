@@ -8,7 +8,8 @@
      ├── PlatformError              a platform route answered with an unusable status; .status
      │    └── RateLimited           429; .retry_after
      ├── TransportError             the platform could not be reached or spoke broken HTTP
-                                    (connect, TLS, a lost connection, bad framing, timeouts)
+     │                              (connect, TLS, a lost connection, bad framing, timeouts)
+     │    └── AnswerTooLarge        an answer over its size bound; .size, .head (first bytes)
      └── WorkerInternalError        a bug in trio_worker itself, chained from the cause
 
     Named by a job's error report, never raised out of ``serve()``:
@@ -106,6 +107,18 @@ class TransportError(TrioWorkerError):
     the client handles one family; the cause (an ``OSError``, an ``httpx`` error) is
     chained.
     """
+
+
+class AnswerTooLarge(TransportError):
+    """An answer over its size bound, refused unread past its first bytes: ``head`` holds
+    at most ``Limits.answer_head`` of them, so the jobs a take answer names there can
+    still be failed (docs/security.md); ``size`` is its declared size, or what was read."""
+
+    def __init__(self, message: str, *, status: int, size: int, head: bytes) -> None:
+        super().__init__(message)
+        self.status = status
+        self.size = size
+        self.head = head
 
 
 class WorkerInternalError(TrioWorkerError):

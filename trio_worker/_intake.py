@@ -4,10 +4,12 @@ and the backoff of a long-poll that keeps failing."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import trio
 
+from ._pacing import FoldedLog, rate_limit_wait
 from ._platform._client import backoff_delay
 
 if TYPE_CHECKING:
@@ -49,21 +51,37 @@ class StopMemory:
     """Stops for ids not (yet) held: the take that delivers the job may still be on the
     wire (the reference forgets them, docs/protocol.md §8 item 6).
 
-    Once more than *size* ids are remembered, those older than *seconds* are forgotten.
+    At most *size* ids are remembered: past the size, those older than *seconds* are
+    forgotten, then the oldest if still too many. The ids are kept in the order they came
+    (the clock never goes back), so forgetting pops from the front of an ``OrderedDict``
+    (O(1), where a plain dict rescans the holes its pops leave): each stop costs O(1)
+    amortised, and a job-stop answer naming 100,000 unknown ids costs linear time and
+    *size* entries, where rebuilding the dict on every stop stalled the event loop for a
+    minute (docs/security.md).
     """
 
     def __init__(self, seconds: float, size: int) -> None:
         self.seconds = seconds
         self.size = size
-        self._stops: dict[str, float] = {}
+        self._stops: OrderedDict[str, float] = OrderedDict()
+        self.forgotten_early = 0  # recent stops dropped because of the size bound
 
     def __len__(self) -> int:
         return len(self._stops)
 
     def remember(self, job_id: str, now: float) -> None:
-        self._stops[job_id] = now
-        if len(self._stops) > self.size:
-            self._stops = {k: t for k, t in self._stops.items() if now - t < self.seconds}
+        stops = self._stops
+        stops[job_id] = now
+        stops.move_to_end(job_id)  # a repeated stop goes to the back, with its new time
+        if len(stops) <= self.size:
+            return
+        while stops:
+            oldest = next(iter(stops))
+            if now - stops[oldest] < self.seconds:
+                if len(stops) <= self.size:
+                    return
+                self.forgotten_early += 1
+            del stops[oldest]
 
     def consume(self, job_id: str) -> bool:
         """Whether a stop for *job_id* was remembered; it is forgotten either way."""
@@ -77,6 +95,15 @@ class Backoff:
         self.route = route
         self.timings = timings
         self.errors = 0
+        self._folded = FoldedLog(log, clock=trio.current_time)
+
+    def rate_limited(self, retry_after: float | None) -> float:
+        """The wait after a 429 that asked for *retry_after* seconds (None: it did not
+        say), paced by the one rule every route follows; a run of them logs one line a
+        minute."""
+        delay = rate_limit_wait(retry_after, self.timings)
+        self._folded.log(logging.WARNING, "%s rate limited; pausing %.1fs", self.route, delay)
+        return delay
 
     def failed(self, exc: Exception) -> float:
         """The wait after this failure, logged once here."""

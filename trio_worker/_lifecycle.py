@@ -31,13 +31,18 @@ of these states (``_decisions.py``). ``docs/how-it-works.md`` draws both tables;
 diagrams are rendered by :func:`mermaid_diagram` (``scripts/state_diagrams.py``) and a test
 keeps them equal.
 
-The ledger keeps a tuple snapshot of held ids, replaced (never mutated) on each change, so
-the heartbeat thread can read it without a lock.
+The ledger's held ids are the keys of an insertion-ordered dict. Their tuple snapshot, which
+the heartbeat thread reads, is built lazily: a change only marks it stale, and the next read
+rebuilds it once. Rebuilding it on every change made a take answer of 200,000 jobs cost
+O(n²) and froze the event loop for minutes (docs/security.md). A lock makes the rebuild
+and the changes exclusive, so a read from the heartbeat thread never sees a dict mid-change;
+each change holds it for one dict operation.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,7 +226,8 @@ class Ledger:
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._jobs: dict[str, HeldJob] = {}
-        self._held_ids: tuple[str, ...] = ()
+        self._lock = threading.Lock()
+        self._snapshot: tuple[str, ...] | None = ()  # None: stale, rebuilt on the next read
         self._on_change = on_change
         self.observers: list[TransitionHook] = []
         self.ever_held = 0
@@ -237,8 +243,14 @@ class Ledger:
 
     @property
     def held_ids(self) -> tuple[str, ...]:
-        """A snapshot, safe to read from another thread."""
-        return self._held_ids
+        """A snapshot, safe to read from another thread; O(n) once per change, not per add."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            with self._lock:
+                snapshot = self._snapshot
+                if snapshot is None:
+                    snapshot = self._snapshot = tuple(self._jobs)
+        return snapshot
 
     def reporting(self) -> bool:
         """Whether a terminal report is being delivered (each bounded by its own deadline)."""
@@ -252,7 +264,9 @@ class Ledger:
         if job_id in self._jobs:
             return None
         job = HeldJob(job_id, payload)
-        self._jobs[job_id] = job
+        with self._lock:
+            self._jobs[job_id] = job
+            self._snapshot = None
         self.ever_held += 1
         self._changed()
         return job
@@ -263,12 +277,13 @@ class Ledger:
         for observer in self.observers:
             observer(job, before, event)
         if state.terminal:
-            del self._jobs[job.id]
+            with self._lock:
+                del self._jobs[job.id]
+                self._snapshot = None
             self._changed()
         return state
 
     def _changed(self) -> None:
-        self._held_ids = tuple(self._jobs)
         if self._on_change is not None:
             self._on_change()
 

@@ -262,8 +262,7 @@ class Supervisor:
                 try:
                     taken = await self._take_once(free)
                 except RateLimited as exc:
-                    log.warning("job-take rate limited; pausing %.1fs", exc.retry_after)
-                    await self._pause(exc.retry_after)
+                    await self._pause(backoff.rate_limited(exc.retry_after))
                     continue
                 except (PlatformError, TransportError) as exc:
                     await self._pause(backoff.failed(exc))
@@ -368,7 +367,7 @@ class Supervisor:
                     with trio.move_on_after(self.timings.stop_poll_bound):
                         ids = await self.client.poll_stop()
                 except RateLimited as exc:
-                    await trio.sleep(exc.retry_after)
+                    await trio.sleep(backoff.rate_limited(exc.retry_after))
                     continue
                 except (PlatformError, TransportError) as exc:
                     await trio.sleep(backoff.failed(exc))

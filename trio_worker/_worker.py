@@ -18,7 +18,7 @@ import trio
 
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_convoy import ChunkConvoy
-from ._config import CaptureMode, Settings, Timings
+from ._config import CaptureMode, Settings, Timings, without_credentials
 from ._delivery import Delivery
 from ._exceptions import (
     ConfigurationError,
@@ -376,13 +376,14 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
 
 
 def describe_settings(settings: Settings) -> str:
-    """One log line with the wiring (never the API key)."""
+    """One log line with the wiring (never the API key, nor a password in a URL)."""
     platform = settings.platform
+    take, ping = platform.take_url, platform.ping_url
     return json.dumps(
         {
             "worker_id": platform.worker_id,
-            "take": platform.take_url,
-            "ping": platform.ping_url,
+            "take": take and without_credentials(take),
+            "ping": ping and without_credentials(ping),
             "ping_interval_s": platform.ping_interval,
         }
     )

@@ -48,7 +48,8 @@ class Fault:
       result) and *then* answer with the fault: the worst case for a retry, a result
       recorded while the client sees a 500.
 
-    - ``retry_after``: with ``status``, a ``Retry-After`` header of this many seconds.
+    - ``retry_after``: with ``status``, a ``Retry-After`` header of this many seconds
+      (written ``%g``: ``0``, ``-5`` and ``nan`` are sent as such).
     - ``until``: the fault applies only to requests arriving before this
       ``trio.current_time()`` (an outage of a known length: pair it with a large
       ``times``); once it has passed, the fault is forgotten.
@@ -81,8 +82,9 @@ class Fault:
             raise ValueError("delay must not be negative")
         if self.drop and self.status is not None:
             raise ValueError("a fault either drops the connection or answers a status")
-        if self.retry_after is not None and (self.status is None or self.retry_after < 0):
-            raise ValueError("retry_after needs a status and must not be negative")
+        # Negative and NaN values are allowed: a hostile platform sends them too.
+        if self.retry_after is not None and self.status is None:
+            raise ValueError("retry_after needs a status")
 
 
 @dataclass

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._config import MAX_ANSWER_BYTES, MAX_TAKE_ANSWER_BYTES
-from .._exceptions import PlatformError, RateLimited, TransportError
+from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
 from ._http import HttpResponse, PipeliningBackend, make_backend
-from ._wire import TakeResponse, parse_stop, parse_take
+from ._wire import TakeResponse, parse_oversized_take, parse_stop, parse_take
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -133,7 +133,13 @@ class PlatformClient:
         route = "take" if count == 1 else "take_batch"
         url = self.take_url(count, in_progress=in_progress)
         # Generous: a batch of jobs with large inputs (docs/protocol.md §2.0).
-        response = await self.polls.request("GET", url, max_body=MAX_TAKE_ANSWER_BYTES)
+        try:
+            response = await self.polls.request("GET", url, max_body=MAX_TAKE_ANSWER_BYTES)
+        except AnswerTooLarge as exc:
+            if not 200 <= exc.status < 300:
+                raise
+            # The jobs it names are ours now (I8): failed as too large, or logged as lost.
+            return parse_oversized_take(exc.size, MAX_TAKE_ANSWER_BYTES, exc.head)
         status = response.status
         if status in (204, 400):
             return TakeResponse()

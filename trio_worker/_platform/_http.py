@@ -117,12 +117,12 @@ class HttpxHttp:
                 try:
                     async for chunk in response.aiter_raw():
                         size += len(chunk)
-                        check_size(size, max_body, method, url)
+                        check_size(size, max_body, method, url, response.status_code, [raw])
                         if len(raw) < keep:
                             raw += chunk[: keep - len(raw)]
                 except httpx.StreamConsumed:
                     raw = bytearray(response.content)  # built in memory (MockTransport)
-                    check_size(len(raw), max_body, method, url)
+                    check_size(len(raw), max_body, method, url, response.status_code, [raw])
                     del raw[keep:]
                 return HttpResponse(response.status_code, dict(response.headers), bytes(raw))
         except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import h11
 
+from .._config import LIMITS
 from .._exceptions import TransportError
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT, NOT_SIMPLE, parse_simple_answer
 from ._connection import RECEIVE_SIZE, StaleConnection, head_too_large, new_protocol
@@ -234,14 +235,20 @@ async def _read_body(
     max_body, keep = bounds.max_body, bounds.keep_body
     declared = headers.get("content-length")
     if declared is not None and method != "HEAD" and head.status_code not in (204, 304):
-        check_size(int(declared), max_body, method, url)  # h11 checked the digits
+        # h11 checked the digits. Refused: only the bytes already here are kept.
+        if int(declared) > max_body:
+            arrived = _arrived_body(connection.protocol)
+            check_size(int(declared), max_body, method, url, head.status_code, arrived)
     parts: list[bytes | bytearray] = []
+    head_parts: list[bytes | bytearray] = []  # what a refusal keeps, whatever *keep* is
     size = kept = 0
     while True:
         event = await connection.next_event()
         if type(event) is h11.Data:
             size += len(event.data)
-            check_size(size, max_body, method, url)
+            if size - len(event.data) < LIMITS.answer_head:
+                head_parts.append(event.data)
+            check_size(size, max_body, method, url, head.status_code, head_parts)
             if kept < keep:
                 part = event.data[: keep - kept]
                 parts.append(part)
@@ -250,3 +257,17 @@ async def _read_body(
             return HttpResponse(head.status_code, headers, b"".join(parts))
         else:
             raise TransportError(f"unexpected answer from {connection.origin.where}: {event!r}")
+
+
+def _arrived_body(protocol: h11.Connection) -> list[bytes | bytearray]:
+    """The body bytes h11 holds already, up to ``Limits.answer_head``, read without waiting:
+    the head of an answer refused for its declared size (docs/security.md)."""
+    parts: list[bytes | bytearray] = []
+    size = 0
+    while size < LIMITS.answer_head:
+        event = protocol.next_event()
+        if type(event) is not h11.Data:
+            break
+        parts.append(event.data)
+        size += len(event.data)
+    return parts

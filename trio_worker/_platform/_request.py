@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
-from .._exceptions import ConfigurationError, TransportError
+from .._config import LIMITS
+from .._exceptions import AnswerTooLarge, ConfigurationError, TransportError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 # What may not appear in a request target as is: it is percent-encoded instead.
 _UNSAFE_TARGET = re.compile(r"[^\x21-\x7e]")
@@ -32,12 +33,32 @@ def size_text(count: int) -> str:
     return f"{count} bytes"
 
 
-def check_size(size: int, max_body: int, method: str, url: str) -> None:
+def check_size(
+    size: int,
+    max_body: int,
+    method: str,
+    url: str,
+    status: int = 0,
+    parts: Sequence[bytes | bytearray] = (),
+) -> None:
     """Raises:
-    TransportError: when *size* bytes of answer body are over *max_body*."""
+    AnswerTooLarge: when *size* bytes of answer body are over *max_body*; it carries the
+        first bytes read (*parts*, at most ``Limits.answer_head``), so the ids at the head
+        of a refused take answer are still failed (docs/security.md)."""
     if size > max_body:
         where = url.partition("?")[0]  # the query is nobody's business in a log line
-        raise TransportError(f"{method} {where}: answer over {size_text(max_body)}, not read")
+        kept, room = [], LIMITS.answer_head  # not a copy of the whole answer: its head
+        for part in parts:
+            if room <= 0:
+                break
+            kept.append(part[:room])
+            room -= len(part)
+        raise AnswerTooLarge(
+            f"{method} {where}: answer over {size_text(max_body)}, not read",
+            status=status,
+            size=size,
+            head=b"".join(kept),
+        )
 
 
 def check_headers(headers: Mapping[str, str]) -> None:

@@ -1,0 +1,117 @@
+"""Work per answer is linear: the ledger and the stop memory at scale (docs/security.md).
+
+The costs are counted, not timed: a copy of the held ids is counted where it is made.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from trio_worker._intake import StopMemory
+from trio_worker._lifecycle import JobEvent, Ledger
+
+
+class _CountingDict(dict[str, object]):
+    """A dict that counts the keys copied out of it by iteration."""
+
+    copied = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).copied += len(self)
+        return super().__iter__()
+
+
+def _counted_ledger() -> Ledger:
+    ledger = Ledger()
+    _CountingDict.copied = 0
+    ledger._jobs = _CountingDict()  # type: ignore[assignment]
+    return ledger
+
+
+def test_adding_and_finishing_jobs_copies_no_ids_until_a_ping_reads_them() -> None:
+    # Before: every add and finish rebuilt the tuple of held ids, n²/2 copies for n adds
+    # (20,000 adds took 2 s, 200,000 froze the loop).
+    ledger = _counted_ledger()
+    jobs = [ledger.add(f"job-{n}", {}) for n in range(2_000)]
+    for job in jobs[:1_000]:
+        assert job is not None
+        ledger.fire(job, JobEvent.RELEASE)
+    assert _CountingDict.copied == 0
+    snapshot = ledger.held_ids
+    assert snapshot == tuple(f"job-{n}" for n in range(1_000, 2_000))
+    assert _CountingDict.copied == 1_000
+    # Read again with nothing changed: the same object, nothing copied.
+    assert ledger.held_ids is snapshot
+    assert _CountingDict.copied == 1_000
+
+
+def test_the_snapshot_follows_every_change() -> None:
+    ledger = Ledger()
+    a = ledger.add("a", {})
+    seen = [ledger.held_ids]
+    ledger.add("b", {})
+    seen.append(ledger.held_ids)
+    assert a is not None
+    ledger.fire(a, JobEvent.RELEASE)
+    seen.append(ledger.held_ids)
+    assert ledger.add("b", {}) is None  # a duplicate changes nothing
+    seen.append(ledger.held_ids)
+    assert seen == [("a",), ("a", "b"), ("b",), ("b",)]
+
+
+def test_a_reader_thread_always_sees_a_whole_snapshot() -> None:
+    # The heartbeat thread reads held_ids while the trio thread adds and removes jobs.
+    ledger = Ledger()
+    done = threading.Event()
+    seen: list[tuple[str, ...]] = []
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                seen.append(ledger.held_ids)
+        except BaseException as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for n in range(20_000):
+            job = ledger.add(f"j{n}", {})
+            assert job is not None
+            if n % 2:
+                ledger.fire(job, JobEvent.RELEASE)
+    finally:
+        done.set()
+        reader.join()
+    assert not errors
+    assert ledger.held_ids == tuple(f"j{n}" for n in range(0, 20_000, 2))
+    assert seen
+    # Every snapshot is a whole one: a run of adds in order, each id once.
+    for snapshot in seen[:: max(1, len(seen) // 500)]:
+        numbers = [int(job_id[1:]) for job_id in snapshot]
+        assert numbers == sorted(set(numbers))
+
+
+def test_stop_memory_holds_at_most_its_size_under_a_flood_of_unknown_ids() -> None:
+    # Before: a flood of recent stops was kept whole (no bound while all were recent), and
+    # the dict was rebuilt on every stop past the size: 20,000 ids stalled the loop 12 s.
+    memory = StopMemory(seconds=120.0, size=1_024)
+    for n in range(20_000):
+        memory.remember(f"unknown-{n}", now=0.0)
+    assert len(memory) == 1_024
+    assert memory.forgotten_early == 20_000 - 1_024
+    # The newest are kept: the take that carries a real job follows its stop closely.
+    assert memory.consume("unknown-19999")
+    assert not memory.consume("unknown-0")
+
+
+def test_a_repeated_stop_is_remembered_from_its_last_time() -> None:
+    memory = StopMemory(seconds=10.0, size=2)
+    memory.remember("a", now=0.0)
+    memory.remember("b", now=1.0)
+    memory.remember("a", now=9.0)  # "a" is now the newest
+    memory.remember("c", now=10.5)  # over the size: "b" goes, not "a"
+    assert memory.consume("a")
+    assert memory.consume("c")
+    assert not memory.consume("b")
