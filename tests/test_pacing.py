@@ -11,7 +11,6 @@ import math
 import random
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -39,7 +38,7 @@ async def _requests_in_a_minute(
         lambda task_status: trio_worker.testing.serve(
             _echo,
             environ=platform.worker_env("http://platform"),
-            transport=httpx.ASGITransport(app=platform),
+            app=platform,
             heartbeat="task",
             handle_signals=False,
             capture_logs="off",
