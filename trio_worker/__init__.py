@@ -30,6 +30,7 @@ from ._exceptions import RateLimited as RateLimited
 from ._exceptions import TransportError as TransportError
 from ._exceptions import TrioWorkerError as TrioWorkerError
 from ._exceptions import WorkerInternalError as WorkerInternalError
+from ._fitness import register_fitness_check as register_fitness_check
 from ._handlers import AsyncioUnderTrio as AsyncioUnderTrio
 from ._handlers import check_cancelled as check_cancelled
 from ._runner import MalformedJob as MalformedJob
@@ -56,6 +57,7 @@ __all__ = [
     "__version__",
     "check_cancelled",
     "progress_update",
+    "register_fitness_check",
     "run_asyncio_host",
     "serve",
     "start",
