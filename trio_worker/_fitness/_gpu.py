@@ -48,7 +48,7 @@ _TAIL = 300
 _REAP_BOUND = 1.0
 
 
-def gpu_expected(environ: Mapping[str, str], devices: str = NVIDIA_DEVICES) -> str:
+def gpu_expected(environ: Mapping[str, str]) -> str:
     """Why this container is meant to have a GPU, or ``""`` when it is not.
 
     ``NVIDIA_VISIBLE_DEVICES`` naming devices, an NVIDIA device node, or ``nvidia-smi`` on
@@ -58,7 +58,7 @@ def gpu_expected(environ: Mapping[str, str], devices: str = NVIDIA_DEVICES) -> s
     visible = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
     if visible and visible.lower() not in ("all", "none", "void"):
         return f"NVIDIA_VISIBLE_DEVICES={visible}"
-    nodes = sorted(glob.glob(devices))
+    nodes = sorted(glob.glob(NVIDIA_DEVICES))
     if nodes:
         return f"{nodes[0]} exists"
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
