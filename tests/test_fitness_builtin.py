@@ -23,6 +23,7 @@ from trio_worker._fitness import _gpu as gpu
 from trio_worker._fitness import _registry as registry
 from trio_worker._fitness._builtin import FitnessConfig, builtin_checks, check_disk, check_memory
 from trio_worker._fitness._reach import dial_target
+from trio_worker._handlers import ThreadWaits
 from trio_worker.testing import FakePlatform, memory_network
 
 BASE = "http://platform.test:8080/v2/ep"
@@ -290,7 +291,7 @@ async def test_a_platform_that_never_answers_fails_after_the_network_timeout(
             reach,
             bound=Timings().fitness_check_timeout,
             backend="trio",
-            waits=None,  # type: ignore[arg-type]
+            waits=ThreadWaits(),
         )
     assert failure is not None
     assert failure.reason == (
