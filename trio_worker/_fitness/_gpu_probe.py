@@ -129,7 +129,9 @@ def answer(step: str, bound: float) -> dict[str, str]:
     except Skip as skip:
         return {"step": step, "status": "skip", "detail": str(skip)}
     except Exception as exc:
-        return {"step": step, "status": "fail", "detail": f"{type(exc).__name__}: {exc}"}
+        # The worker reports it as a RuntimeError; another type keeps its name in the text.
+        text = str(exc) if type(exc) is RuntimeError else f"{type(exc).__name__}: {exc}"
+        return {"step": step, "status": "fail", "detail": text}
 
 
 def main() -> None:
