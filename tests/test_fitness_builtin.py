@@ -297,3 +297,46 @@ async def test_a_platform_that_never_answers_fails_after_the_network_timeout(
     assert failure.reason == (
         "RuntimeError: cannot reach the platform at platform.test:8080: no connection within 3s"
     )
+
+
+class StubProbe:
+    """What the GPU probe's child answers for ``devices``, without a child."""
+
+    def __init__(self, answer: str | Exception | None) -> None:
+        self.answer = answer
+        self.steps: list[str] = []
+
+    async def step(self, name: str) -> str | None:
+        self.steps.append(name)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome"),
+    [
+        ("1 device(s) visible to torch", "pass"),
+        (None, "warning"),
+        (RuntimeError("torch.cuda.is_available() is False"), "fail"),
+    ],
+)
+async def test_without_nvidia_smi_a_device_node_sends_the_health_check_to_the_probe(
+    env: dict[str, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    answer: str | Exception | None,
+    outcome: str,
+) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    probe = StubProbe(answer)
+    expected = gpu.gpu_expected(env)
+    health = gpu.check_gpu_health(env, expected, 30.0, probe)  # type: ignore[arg-type]
+    if outcome == "fail":
+        with pytest.raises(RuntimeError, match="is_available"):
+            await health
+    else:
+        await health
+    assert probe.steps == ["devices"]
+    assert ("not verified: no nvidia-smi, torch or CuPy" in caplog.text) is (outcome == "warning")

@@ -143,7 +143,9 @@ async def builtin_checks(
     probe = GpuProbe(environ, config.benchmark_timeout)
     checks: list[Check] = []
     if expected and not config.skip_gpu:
-        health = functools.partial(check_gpu_health, environ, expected, config, probe)
+        health = functools.partial(
+            check_gpu_health, environ, expected, config.gpu_test_timeout, probe
+        )
         checks.append(Check("_gpu_health_check", health, native=True))
     if not config.skip_system:
         memory = functools.partial(_in_thread, check_memory, config.min_memory_gb)
