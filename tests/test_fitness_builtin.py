@@ -31,7 +31,7 @@ BASE = "http://platform.test:8080/v2/ep"
 
 @pytest.fixture(autouse=True)
 def no_gpu_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(gpu, "NVIDIA_DEVICES", str(tmp_path / "dev" / "nvidia*"))
+    monkeypatch.setattr(gpu, "DEVICE_DIR", str(tmp_path / "dev"))
     saved = list(registry._registered)
     registry._registered.clear()
     yield

@@ -13,7 +13,6 @@ child that overruns its bound is killed with its whole process group.
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_worker")
 
-NVIDIA_DEVICES = "/dev/nvidia*"
+DEVICE_DIR = "/dev"  # where the NVIDIA device nodes are: nvidia0, nvidiactl, nvidia-uvm
 PROBE = Path(__file__).with_name("_gpu_probe.py")
 # nvcc and the plain nvidia-smi get the reference's 5 s each.
 TOOL_BOUND = 5.0
@@ -56,13 +55,23 @@ def gpu_expected(environ: Mapping[str, str]) -> str:
     visible = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
     if visible and visible.lower() not in ("all", "none", "void"):
         return f"NVIDIA_VISIBLE_DEVICES={visible}"
-    nodes = sorted(glob.glob(NVIDIA_DEVICES))
+    nodes = nvidia_device_nodes()
     if nodes:
         return f"{nodes[0]} exists"
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if smi:
         return f"nvidia-smi is on the PATH ({smi})"
     return ""
+
+
+def nvidia_device_nodes() -> list[str]:
+    """The ``/dev/nvidia*`` nodes, sorted (listed, not globbed: ``glob`` is not imported
+    for this alone)."""
+    try:
+        names = os.listdir(DEVICE_DIR)
+    except OSError:
+        return []
+    return sorted(os.path.join(DEVICE_DIR, n) for n in names if n.startswith("nvidia"))
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -149,8 +158,8 @@ async def check_gpu_health(
 async def _count_devices(expected: str, timeout: float, probe: GpuProbe) -> None:
     """The health check without ``nvidia-smi``: a device node, and torch or CuPy counting
     devices in the probe. With neither library the GPU cannot be tested here: a warning."""
-    if not glob.glob(NVIDIA_DEVICES):
-        raise RuntimeError(f"a GPU is expected ({expected}) but no {NVIDIA_DEVICES} exists")
+    if not nvidia_device_nodes():
+        raise RuntimeError(f"a GPU is expected ({expected}) but no {DEVICE_DIR}/nvidia* exists")
     with trio.move_on_after(timeout) as scope:
         detail = await probe.step("devices")
     if scope.cancelled_caught:
