@@ -10,6 +10,8 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 - ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
   ``_capture/`` captures and redacts output; ``_results``, ``_errors`` and ``_categories``
   build the payloads. None of these imports anything above it.
+- ``_fitness/`` runs the fitness checks before the first take (``register_fitness_check``,
+  the built-in checks, the unhealthy ping; docs/reference.md, "Fitness checks").
 - ``testing/`` is the fake platform, independent of the worker's code.
 
 >>> import trio_worker
