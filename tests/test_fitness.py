@@ -22,7 +22,7 @@ import trio
 import trio.lowlevel
 
 import trio_worker
-from trio_worker import Timings
+from trio_worker import ConfigurationError, Timings
 from trio_worker._config import Settings
 from trio_worker._fitness import FitnessCheckFailed, check_fitness
 from trio_worker._fitness import _registry as registry
@@ -234,6 +234,18 @@ async def test_a_timeout_the_check_raises_itself_is_its_own_failure(
     with pytest.raises(FitnessCheckFailed) as failed:
         await gate(platform)
     assert failed.value.reason.startswith("TooSlowError")
+
+
+async def test_asyncio_code_on_trio_is_a_configuration_error_not_an_unhealthy_host(
+    platform: tuple[FakePlatform, Any],
+) -> None:
+    @trio_worker.register_fitness_check
+    async def written_for_runpod() -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(ConfigurationError, match=r'async_backend="asyncio"'):
+        await gate(platform, backend="trio")
+    assert platform[0].requests == []
 
 
 async def test_the_ping_cannot_delay_the_exit_more_than_two_seconds(

@@ -21,7 +21,8 @@ import trio
 
 from .._asyncio_host import await_on_asyncio
 from .._errors import safe_str
-from .._handlers import ThreadWaits, _unwrap, explain_backend
+from .._exceptions import ConfigurationError
+from .._handlers import AsyncioUnderTrio, ThreadWaits, _unwrap, explain_backend
 from .._initializer import is_async_initializer
 
 if TYPE_CHECKING:
@@ -139,7 +140,11 @@ async def run_checks(
 async def run_check(
     check: Check, *, bound: float, backend: AsyncBackend, waits: ThreadWaits
 ) -> Failure | None:
-    """One check under *bound* seconds; its failure, or None when it passed."""
+    """One check under *bound* seconds; its failure, or None when it passed.
+
+    Raises:
+        ConfigurationError: an async check ran asyncio code on the trio backend.
+    """
     error: Exception | None = None
     with trio.move_on_after(bound) as scope:
         try:
@@ -152,13 +157,15 @@ async def run_check(
     if error is None:
         return None
     if not check.native:
-        error = _as_exception(explain_backend(error, on_asyncio=backend == "asyncio"))
+        explained = explain_backend(error, on_asyncio=backend == "asyncio")
+        if isinstance(explained, AsyncioUnderTrio):
+            # The check's code, not the host: no unhealthy ping, or every host of the
+            # endpoint would be reported broken for one missing argument.
+            raise ConfigurationError(
+                f"fitness check {check.name} ran asyncio code on trio: pass "
+                f'start(..., async_backend="asyncio") ({safe_str(error)})'
+            ) from error
     return Failure(check.name, f"{type(error).__name__}: {safe_str(error)}")
-
-
-def _as_exception(exc: BaseException) -> Exception:
-    assert isinstance(exc, Exception)
-    return exc
 
 
 async def _call(check: Check, backend: AsyncBackend, waits: ThreadWaits) -> None:
