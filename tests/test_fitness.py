@@ -24,7 +24,8 @@ import trio.lowlevel
 import trio_worker
 from trio_worker import ConfigurationError, Timings
 from trio_worker._config import Settings
-from trio_worker._fitness import FitnessCheckFailed, check_fitness
+from trio_worker._fitness import FitnessCheckFailed, check_fitness, check_then_serve
+from trio_worker._fitness import _gate as gate_module
 from trio_worker._fitness import _registry as registry
 from trio_worker._fitness._reach import unhealthy_ping_url
 from trio_worker.testing import FakePlatform, Fault, memory_network
@@ -318,3 +319,37 @@ async def test_no_warning_when_runpods_registry_is_empty(
     runpod_checks.clear()
     await gate(platform)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+
+
+async def test_the_worker_starts_only_once_every_check_passed(
+    platform: tuple[FakePlatform, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    # The gate as start() runs it, with the fake's in-memory network for the ping.
+    _, opener = platform
+    real = gate_module.check_fitness
+    monkeypatch.setattr(
+        gate_module,
+        "check_fitness",
+        lambda *args, **kwargs: real(*args, **kwargs, open_stream=opener),
+    )
+
+    async def serve() -> None:
+        events.append("worker started")
+
+    @trio_worker.register_fitness_check
+    async def slow_but_fine() -> None:
+        await trio.sleep(0.001)
+        events.append("check passed")
+
+    await check_then_serve(settings(ENV), "trio", ENV, serve)
+    assert events == ["check passed", "worker started"]
+
+    @trio_worker.register_fitness_check
+    def broken() -> None:
+        raise RuntimeError("no")
+
+    events.clear()
+    with pytest.raises(FitnessCheckFailed):
+        await check_then_serve(settings(ENV), "trio", ENV, serve)
+    assert events == ["check passed"]
