@@ -283,7 +283,7 @@ async def test_a_platform_that_never_answers_fails_after_the_network_timeout(
         raise AssertionError
 
     env["RUNPOD_NETWORK_CHECK_TIMEOUT"] = "3"
-    # Memory and disk read in threads, which an autojumping clock does not wait for.
+    # Only the network check: its bound is the point, in virtual time.
     config = FitnessConfig.from_environ(env)
     async with builtin_checks(config, platform_from_env(env), env, open_stream=silent) as checks:
         (reach,) = [check for check in checks if check.name == "_network_check"]
