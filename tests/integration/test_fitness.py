@@ -4,12 +4,16 @@ with a fake ``nvidia-smi`` on the PATH and a fake ``torch`` for the GPU probe's 
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 import trio
+
+from trio_worker._fitness._gpu import GpuProbe
 
 from .conftest import REPO, Platform, WorkerProcess, kill_all, open_worker
 
@@ -249,3 +253,31 @@ async def test_a_broken_gpu_fails_its_check_in_the_probe(
     env = gpu_env(platform, gpu_host, TW_FAKE_TORCH=torch_mode, **extra)
     worker = await run(nursery, env)
     assert (await exits_unhealthy(platform, worker, check)).startswith(reason)
+
+
+@pytest.mark.parametrize(
+    ("torch_mode", "answer"),
+    [("ok", "1 device(s) visible to torch"), ("no_cuda", "torch.cuda.is_available() is False")],
+)
+async def test_the_probe_counts_devices_for_a_host_without_nvidia_smi(
+    gpu_host: dict[str, Path], torch_mode: str, answer: str
+) -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(gpu_host["site"]),
+        "TW_TORCH_IMPORTS": str(gpu_host["imports"]),
+        "TW_FAKE_TORCH": torch_mode,
+    }
+    probe = GpuProbe(env, 2.0)
+    try:
+        with trio.fail_after(30):
+            if torch_mode == "ok":
+                assert await probe.step("devices") == answer
+            else:
+                with pytest.raises(RuntimeError, match=re.escape(answer)):
+                    await probe.step("devices")
+    finally:
+        await probe.aclose()
+    importers = gpu_host["imports"].read_text().split()
+    assert len(importers) == 1  # the probe's child, not this process
+    assert str(os.getpid()) not in importers

@@ -238,13 +238,13 @@ class GpuProbe:
             assert process.stdin is not None
             await process.stdin.send_all(f"{name}\n".encode())
             answer = await self._answer(process)
-        except (OSError, trio.BrokenResourceError, trio.EndOfChannel):
+        except (OSError, ValueError, trio.BrokenResourceError, trio.EndOfChannel):
             self._broken = await self._died(name)
             raise RuntimeError(self._broken) from None
         except BaseException:
             # Cancelled (the check's bound): the child may be stuck in the driver.
             self._broken = f"the GPU probe was killed after {name!r} overran its bound"
-            await self.aclose()
+            await self.aclose(kill=True)
             raise
         if answer.get("status") == "fail":
             raise RuntimeError(str(answer.get("detail")))
@@ -253,15 +253,16 @@ class GpuProbe:
             return None
         return str(answer.get("detail"))
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, kill: bool = False) -> None:
+        """End the child: asked to leave (end of its input), killed if it has not within a
+        second, or at once with *kill*."""
         process, self._process = self._process, None
         if process is None:
             return
-        if process.stdin is not None:
-            # End of input asks the child to leave; a child stuck in the driver is killed.
+        if not kill and process.stdin is not None:
             await trio.aclose_forcefully(process.stdin)
-        with trio.move_on_after(_REAP_BOUND, shield=True):
-            await process.wait()
+            with trio.move_on_after(_REAP_BOUND, shield=True):
+                await process.wait()
         await _end(process)
 
     async def _started(self) -> trio.Process:
@@ -283,6 +284,8 @@ class GpuProbe:
                     return answer
                 self._noise = (self._noise + line + b"\n")[-_OUTPUT_CAP:]
                 continue
+            if len(self._pending) > _OUTPUT_CAP:  # a line without end: noise, kept short
+                self._noise, self._pending = self._pending[-_OUTPUT_CAP:], bytearray()
             chunk = await process.stdout.receive_some()
             if not chunk:
                 raise trio.EndOfChannel
@@ -296,6 +299,9 @@ class GpuProbe:
             with trio.move_on_after(_REAP_BOUND):
                 status = await process.wait()
             await self.aclose()
-        how = f"status {status}" if status is None or status >= 0 else f"signal {-status}"
+        if status is None:
+            how = "no exit status"
+        else:
+            how = f"status {status}" if status >= 0 else f"signal {-status}"
         noise = tail((self._noise + self._pending).decode(errors="replace"))
         return f"the GPU probe died during {name!r} ({how})" + (f": {noise}" if noise else "")
