@@ -8,6 +8,7 @@ fake ``nvidia-smi`` are in tests/integration/test_fitness.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 import threading
@@ -100,6 +101,17 @@ def test_decorator_returns_the_function_and_keeps_registration_order(
     assert trio_worker.register_fitness_check(second) is second
     assert empty_registry == [first, second]
     assert "register_fitness_check" in trio_worker.__all__
+
+
+def test_a_check_is_named_as_the_reference_names_it() -> None:
+    class DiskProbe:
+        def __call__(self) -> None: ...
+
+    def gpu_ok(minimum: int) -> None: ...
+
+    assert registry.check_name(gpu_ok) == "gpu_ok"
+    assert registry.check_name(functools.partial(gpu_ok, 1)) == "gpu_ok"
+    assert registry.check_name(DiskProbe()) == "DiskProbe"
 
 
 def test_decorator_refuses_what_cannot_be_called() -> None:

@@ -10,6 +10,7 @@ runs on the worker's backend, as the handler would.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -22,7 +23,7 @@ import trio
 from .._asyncio_host import await_on_asyncio
 from .._errors import safe_str
 from .._exceptions import ConfigurationError
-from .._handlers import AsyncioUnderTrio, ThreadWaits, _unwrap, explain_backend
+from .._handlers import AsyncioUnderTrio, ThreadWaits, explain_backend
 from .._initializer import is_async_initializer
 
 if TYPE_CHECKING:
@@ -73,11 +74,12 @@ def register_fitness_check(func: F) -> F:
 
 def check_name(fn: Callable[..., Any]) -> str:
     """The name a check is reported under: its ``__name__``, as the reference's."""
-    for candidate in (fn, _unwrap(fn)):
-        name = getattr(candidate, "__name__", None)
-        if isinstance(name, str) and name:
-            return name
-    return type(fn).__name__
+    target: object = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    name = getattr(target, "__name__", None)
+    # A callable object has no name of its own: its class names it.
+    return name if isinstance(name, str) and name else type(target).__name__
 
 
 @dataclass(frozen=True)
