@@ -108,6 +108,14 @@ ROWS: tuple[Row, ...] = (
         lambda r, _: (_value(r, ("startup", "first_take_s")) or 1e9) < 0.3,
     ),
     Row(
+        "first_take_no_checks",
+        "process start → first take, fitness checks skipped",
+        "s",
+        "lower",
+        ("startup", "first_take_without_checks_s"),
+        reference_note="its checks are skipped in the row above",
+    ),
+    Row(
         "idle_rss",
         "resident memory, idle (worker + children)",
         "MiB",

@@ -51,6 +51,7 @@ EXPECTED_ROWS = {
     "overhead_p50": "take→done overhead p50 (c=1)",
     "overhead_p99": "take→done overhead p99 (c=1)",
     "first_take": "process start → first take",
+    "first_take_no_checks": "process start → first take, fitness checks skipped",
     "idle_rss": "resident memory, idle (worker + children)",
     "load_rss": "resident memory, peak under load (c=64)",
     "init_failure": "init failure → all 8 held jobs reported",

@@ -10,6 +10,8 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 - ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
   ``_capture/`` captures and redacts output; ``_results``, ``_errors`` and ``_categories``
   build the payloads. None of these imports anything above it.
+- ``_fitness/`` runs the fitness checks before the first take (``register_fitness_check``,
+  the built-in checks, the unhealthy ping; docs/reference.md, "Fitness checks").
 - ``testing/`` is the fake platform, independent of the worker's code.
 
 >>> import trio_worker
@@ -33,6 +35,7 @@ from ._exceptions import TransportError as TransportError
 from ._exceptions import TrioUnderAsyncio as TrioUnderAsyncio
 from ._exceptions import TrioWorkerError as TrioWorkerError
 from ._exceptions import WorkerInternalError as WorkerInternalError
+from ._fitness import register_fitness_check as register_fitness_check
 from ._handlers import check_cancelled as check_cancelled
 from ._start import start as start
 from ._version import __version__ as __version__
@@ -58,6 +61,7 @@ __all__ = [
     "__version__",
     "check_cancelled",
     "progress_update",
+    "register_fitness_check",
     "run_asyncio_host",
     "serve",
     "start",

@@ -75,8 +75,12 @@ class Backend(ABC):
         no later than the end of the shutdown grace (*waits*)."""
 
     @abstractmethod
-    async def await_result(self, awaitable: Awaitable[Any], waits: Holds) -> Any:
-        """The value of a coroutine the handler made; trio.Cancelled propagates."""
+    async def await_result(
+        self, awaitable: Awaitable[Any], waits: Holds, *, cancel_bound: float = math.inf
+    ) -> Any:
+        """The value of a coroutine the user's code made; trio.Cancelled propagates. Once
+        cancelled, code that swallows its cancellation holds the caller at most
+        *cancel_bound* seconds (and no later than the end of the grace, *waits*)."""
 
     @abstractmethod
     def chunks(
@@ -114,7 +118,9 @@ class TrioBackend(Backend):
     def initializer(self, initializer: Initializer | None, waits: Holds) -> Initializer | None:
         return initializer
 
-    async def await_result(self, awaitable: Awaitable[Any], waits: Holds) -> Any:
+    async def await_result(
+        self, awaitable: Awaitable[Any], waits: Holds, *, cancel_bound: float = math.inf
+    ) -> Any:
         return await awaitable
 
     def chunks(
@@ -163,9 +169,11 @@ class AsyncioBackend(Backend):
             return None
         return asyncio_initializer(initializer, is_async=makes_coroutine(initializer), waits=waits)
 
-    async def await_result(self, awaitable: Awaitable[Any], waits: Holds) -> Any:
-        # Held like a sync handler's thread: until it ends or the grace does.
-        return await await_on_asyncio(awaitable, waits=waits, cancel_bound=math.inf)
+    async def await_result(
+        self, awaitable: Awaitable[Any], waits: Holds, *, cancel_bound: float = math.inf
+    ) -> Any:
+        # A handler's is held like a sync handler's thread: until it ends or the grace does.
+        return await await_on_asyncio(awaitable, waits=waits, cancel_bound=cancel_bound)
 
     def chunks(
         self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds

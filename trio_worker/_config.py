@@ -85,6 +85,9 @@ DEFAULT_REPORT_ATTEMPT_TIMEOUT = 10.0
 DEFAULT_REPORT_MIN_RATE = 1024.0 * 1024.0  # bytes per second
 # How long a final report waits for the job's progress posts in flight before cutting them.
 DEFAULT_PROGRESS_BOUND = 2.0
+# One fitness check before the first take; generous, as a cold container may import torch
+# and initialize CUDA within it, and too short a bound would retire a healthy host.
+DEFAULT_FITNESS_CHECK_TIMEOUT = 120.0
 CaptureMode = Literal["on", "off"]
 
 
@@ -152,6 +155,7 @@ class Timings:
     report_attempt_timeout: float = DEFAULT_REPORT_ATTEMPT_TIMEOUT
     report_min_rate: float = DEFAULT_REPORT_MIN_RATE
     progress_bound: float = DEFAULT_PROGRESS_BOUND
+    fitness_check_timeout: float = DEFAULT_FITNESS_CHECK_TIMEOUT
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

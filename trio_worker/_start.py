@@ -38,6 +38,7 @@ from ._config import (
 )
 from ._exceptions import ConfigurationError, InitializationError, exception_leaves
 from ._exit import ExitGuard, exit_process, exit_status
+from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
 from ._options import worker_options
 
 if TYPE_CHECKING:
@@ -185,8 +186,10 @@ def start(
             os.environ, timings=options.timings, capture_logs=options.capture_logs
         )
         if args.serve_api:
+            note_local_mode("the local endpoint")
             leave(_serve_api(options, args), None)
         if args.test_input is not None or not settings.platform.queue_mode:
+            note_local_mode("local mode")
             leave(_run_local(options, args), None)
         if options.capture_logs == "on":
             capture = OutputCapture.install(redactor=settings.redactor)
@@ -195,8 +198,9 @@ def start(
         guard.install()
         log.info("worker starting: %s", _worker.describe_settings(settings))
         seams = _worker.Seams(capture=capture, exit_guard=guard)
+        serve = functools.partial(_worker.run_worker, options, seams=seams, handle_signals=False)
         options.backend.run(
-            functools.partial(_worker.run_worker, options, seams=seams, handle_signals=False)
+            functools.partial(check_then_serve, settings, options.backend, os.environ, serve)
         )
     except BaseException as exc:
         leave(_exit_status_for(exc), capture)
@@ -219,7 +223,7 @@ def _exit_status_for(exc: BaseException) -> int:
     if isinstance(leaf, ConfigurationError):
         log.error("configuration error: %s", leaf)
         return 1
-    if isinstance(leaf, InitializationError):
+    if isinstance(leaf, InitializationError | FitnessCheckFailed):
         return 1  # already logged and reported
     if isinstance(leaf, SystemExit | KeyboardInterrupt):
         # A handler raised it; its job has been reported failed (docs/design.md §9).
