@@ -22,16 +22,19 @@ pytestmark = pytest.mark.slow
 
 
 async def test_a_503_outage_of_a_second_loses_nothing(platform: Platform, spawn: Spawn) -> None:
+    """Five 503 answers in a row (about a second of backoff): the result still lands.
+
+    The outage is counted in answers, not in seconds from the test's start: a worker that
+    starts slowly on a loaded machine would otherwise miss a timed outage altogether."""
     fake = platform.fake
-    fake.inject(Fault("done", status=503, times=10**6, until=trio.current_time() + 1.5))
+    fake.inject(Fault("done", status=503, times=5))
     job_id = fake.enqueue({"n": 1})
     worker = await spawn(platform.env(TW_HANDLER="async_echo"))
     with trio.fail_after(20):
         record = await fake.wait_for_status(job_id, "COMPLETED")
     assert record.output == {"echo": {"n": 1}}
     done = [r for r in fake.requests if r.route == "done"]
-    assert [r.status for r in done[:-1]] == [503] * (len(done) - 1)
-    assert len(done) >= 2
+    assert [r.status for r in done] == [503] * 5 + [200]
     worker.signal(signal.SIGTERM)
     assert await worker.wait() == 0, worker.output
 
