@@ -66,6 +66,7 @@ Category = Literal[
     "disk_full",
     "permission",
     "worker_shutdown",
+    "segfault",
     "unknown",
 ]
 

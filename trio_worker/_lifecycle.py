@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._watch import records as crash_records
+
 
 class JobState(enum.Enum):
     TAKEN = "taken"
@@ -204,6 +206,8 @@ class Phases:
         except KeyError:
             raise IllegalTransition("worker", before, event) from None
         self.gate_open = self.gate_open or event is PhaseEvent.INIT_OK
+        if event is PhaseEvent.INIT_OK:
+            crash_records.ready()  # the crash watchdog: past the initializer
         for observer in self.observers:
             observer(before, event, self.phase)
         return self.phase
@@ -253,6 +257,7 @@ class Ledger:
             return None
         job = HeldJob(job_id, payload)
         self._jobs[job_id] = job
+        crash_records.take(job_id)  # the crash watchdog's view of the ledger
         self.ever_held += 1
         self._changed()
         return job
@@ -264,6 +269,7 @@ class Ledger:
             observer(job, before, event)
         if state.terminal:
             del self._jobs[job.id]
+            crash_records.settle(job.id)
             self._changed()
         return state
 

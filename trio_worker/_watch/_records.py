@@ -1,0 +1,148 @@
+"""The take and settle records: how the watchdog knows which jobs the worker holds.
+
+See docs/design.md §13. The worker writes one line per change of its ledger to a pipe
+the watchdog reads: ``T <id>`` when a job is admitted, ``S <id>`` when it leaves the ledger
+(its report acknowledged or given up, the job stopped or released). Nothing else of a job
+passes through the watchdog, so it is on no job's path.
+
+The writes come from the event loop, so they never block: the pipe is ``O_NONBLOCK`` and
+a record that does not fit waits in a bounded buffer, sent ahead of the next one. If that
+buffer overflows (the watchdog stopped reading), the buffered records are dropped and the
+next record to get through is preceded by ``X``. Losing a record fails safe: at ``X`` the
+watchdog forgets every job it thought held, since any of them may have been settled in
+the lost records. A lost record can cost a crash report, never duplicate one: a second
+job-done could overwrite a result the caller already has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["Ledger", "RecordWriter", "ready", "settle", "take"]
+
+TAKE = "T"
+SETTLE = "S"
+READY = "R"
+LOST = "X"
+MAX_BUFFERED = 64 * 1024
+
+
+class RecordWriter:
+    """The worker's end of the record pipe (non-blocking, bounded)."""
+
+    def __init__(self, fd: int, max_buffered: int = MAX_BUFFERED) -> None:
+        self._fd = fd
+        self._pending: deque[bytes] = deque()
+        self._buffered = 0
+        self._max = max_buffered
+        self._lost = False
+
+    def write(self, kind: str, job_id: str) -> None:
+        line = f"{kind} {json.dumps(job_id)}\n".encode()
+        if len(line) > select.PIPE_BUF:
+            # Only a line within PIPE_BUF is written whole or not at all, so the watchdog
+            # never sees half a record. Such an id is never recorded, take nor settle: the
+            # job goes unwatched, which is safe (no report rather than a second one).
+            return
+        if self._lost:
+            self._pending.append(f"{LOST} \n".encode())
+            self._buffered += 3  # the pipe takes each record whole or not at all
+            self._lost = False
+        self._pending.append(line)
+        self._buffered += len(line)
+        self._send()
+        if self._buffered > self._max:
+            self._pending.clear()
+            self._buffered = 0
+            self._lost = True
+
+    def _send(self) -> None:
+        while self._pending:
+            head = self._pending[0]
+            try:
+                sent = os.write(self._fd, head)
+            except BlockingIOError:
+                return
+            except OSError:  # the watchdog is gone: nobody to tell
+                self._pending.clear()
+                self._buffered = 0
+                return
+            self._buffered -= sent
+            self._pending.popleft()
+
+
+@dataclass
+class Ledger:
+    """The watchdog's view: the ids held, in order of admission."""
+
+    held: dict[str, None] = field(default_factory=dict)
+    ready: bool = False  # the initializer finished
+    settled: int = 0
+    lost: int = 0
+    _partial: bytes = b""
+
+    def feed(self, data: bytes) -> None:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            self._apply(raw)
+
+    def _apply(self, raw: bytes) -> None:
+        kind, _, rest = raw.decode(errors="replace").partition(" ")
+        if kind == READY:
+            self.ready = True
+            return
+        if kind == LOST:
+            self.lost += 1
+            self.held.clear()
+            return
+        try:
+            job_id = json.loads(rest)
+        except ValueError:
+            return
+        if not isinstance(job_id, str):
+            return
+        if kind == TAKE:
+            self.held[job_id] = None
+        elif kind == SETTLE and self.held.pop(job_id, 0) is None:
+            self.settled += 1
+
+
+_writer: RecordWriter | None = None
+
+
+def install(fd: int) -> None:
+    global _writer
+    os.set_blocking(fd, False)
+    _writer = RecordWriter(fd)
+
+
+def uninstall() -> None:
+    global _writer
+    if _writer is not None:
+        with contextlib.suppress(OSError):
+            os.close(_writer._fd)
+    _writer = None
+
+
+def take(job_id: str) -> None:
+    """A job entered the ledger (no-op unless the worker is watched)."""
+    if _writer is not None:
+        _writer.write(TAKE, job_id)
+
+
+def ready() -> None:
+    """The initializer finished (no-op unless the worker is watched)."""
+    if _writer is not None:
+        _writer.write(READY, "")
+
+
+def settle(job_id: str) -> None:
+    """A job left the ledger (no-op unless the worker is watched)."""
+    if _writer is not None:
+        _writer.write(SETTLE, job_id)
