@@ -71,9 +71,10 @@ class Tee:
         copies: tuple[int, int],
         seq: mmap.mmap,
         tail_bytes: int,
+        real: tuple[int, int] = (1, 2),
     ) -> None:
         self.reads = reads  # fds 1/2's pipes, read ends (non-blocking)
-        self._real = {reads[0]: 1, reads[1]: 2}  # where each passes through: our own fds
+        self._real = {reads[0]: real[0], reads[1]: real[1]}  # where each passes through
         self._copy = {reads[0]: copies[0], reads[1]: copies[1]}  # non-blocking write ends
         self._writes = writes  # write ends, closed once the child has its own
         self._seq = seq
@@ -138,7 +139,7 @@ class Tee:
             del self._tail[:excess]
 
 
-def open_tee(tail_bytes: int) -> tuple[Tee, Feed]:
+def open_tee(tail_bytes: int, real: tuple[int, int] = (1, 2)) -> tuple[Tee, Feed]:
     """Make the pipes before fork: the parent keeps the `Tee`, the child the `Feed`."""
     reads: list[int] = []
     writes: list[int] = []
@@ -162,6 +163,7 @@ def open_tee(tail_bytes: int) -> tuple[Tee, Feed]:
         (copy_writes[0], copy_writes[1]),
         seq,
         tail_bytes,
+        real,
     )
     feed = Feed((copy_reads[0], copy_reads[1]), (reads[0], reads[1]), seq)
     return tee, feed

@@ -12,16 +12,25 @@ next record to get through is preceded by ``X``. Losing a record fails safe: at 
 watchdog forgets every job it thought held, since any of them may have been settled in
 the lost records. A lost record can cost a crash report, never duplicate one: a second
 job-done could overwrite a result the caller already has.
+
+A worker can die with records still in its buffer, or before its ``X`` got through. So the
+writer also keeps, in a page of memory shared with the watchdog (``State``), whether it
+holds unsent records and how many times it dropped some; a watchdog whose pipe did not
+tell it everything forgets the held jobs (:meth:`Ledger.trust`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import select
+import struct
 from collections import deque
 from dataclasses import dataclass, field
+
+_STATE = struct.Struct("QQ")  # unsent records (0/1), overflows so far
 
 __all__ = ["Ledger", "RecordWriter", "ready", "settle", "take"]
 
@@ -35,12 +44,16 @@ MAX_BUFFERED = 64 * 1024
 class RecordWriter:
     """The worker's end of the record pipe (non-blocking, bounded)."""
 
-    def __init__(self, fd: int, max_buffered: int = MAX_BUFFERED) -> None:
+    def __init__(
+        self, fd: int, max_buffered: int = MAX_BUFFERED, state: mmap.mmap | None = None
+    ) -> None:
         self._fd = fd
         self._pending: deque[bytes] = deque()
         self._buffered = 0
         self._max = max_buffered
         self._lost = False
+        self._overflows = 0
+        self._state = state if state is not None else new_state()
 
     def write(self, kind: str, job_id: str) -> None:
         line = f"{kind} {json.dumps(job_id)}\n".encode()
@@ -60,6 +73,8 @@ class RecordWriter:
             self._pending.clear()
             self._buffered = 0
             self._lost = True
+            self._overflows += 1
+        _STATE.pack_into(self._state, 0, int(bool(self._pending)), self._overflows)
 
     def _send(self) -> None:
         while self._pending:
@@ -76,6 +91,11 @@ class RecordWriter:
             self._pending.popleft()
 
 
+def new_state() -> mmap.mmap:
+    """The page the writer and the watchdog share (made before fork)."""
+    return mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)
+
+
 @dataclass
 class Ledger:
     """The watchdog's view: the ids held, in order of admission."""
@@ -90,7 +110,17 @@ class Ledger:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         for raw in lines:
-            self._apply(raw)
+            if raw:
+                self._apply(raw)
+
+    def trust(self, state: mmap.mmap) -> bool:
+        """After the worker died: False (and nothing held any more) when the pipe did not
+        carry every record: some were still buffered, or dropped with no ``X`` seen."""
+        unsent, overflows = _STATE.unpack_from(state)
+        if unsent or overflows > self.lost:
+            self.held.clear()
+            return False
+        return True
 
     def _apply(self, raw: bytes) -> None:
         kind, _, rest = raw.decode(errors="replace").partition(" ")
@@ -116,10 +146,10 @@ class Ledger:
 _writer: RecordWriter | None = None
 
 
-def install(fd: int) -> None:
+def install(fd: int, state: mmap.mmap) -> None:
     global _writer
     os.set_blocking(fd, False)
-    _writer = RecordWriter(fd)
+    _writer = RecordWriter(fd, state=state)
 
 
 def uninstall() -> None:

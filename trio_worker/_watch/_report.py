@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .._categories import classify
-from .._errors import MAX_FIELD_CHARS, WorkerIdentity, encode_body, json_error_body
+from .._categories import classify_crash
+from .._errors import WorkerIdentity, encode_body, json_error_body
 from .._version import __version__
 
 if TYPE_CHECKING:
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_worker")
 
-NATIVE_FAULTS = frozenset(
-    {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
-)
 _FAULT_WORDS = {
     signal.SIGSEGV: "a segmentation fault",
     signal.SIGBUS: "a bus error",
@@ -70,24 +67,6 @@ def describe_exit(code: int) -> str:
     return f"killed by {sig.name} (signal {-code}{': ' + words if words else ''})"
 
 
-def crash_category(code: int, output: str, *, oom_killed: bool) -> str:
-    """The ``error_category`` of a worker that ended with *code* (see the module docstring)."""
-    if code == -signal.SIGKILL and oom_killed:
-        return "out_of_memory"
-    last = output[-MAX_FIELD_CHARS:]
-    said = classify(None, last) if last else "unknown"
-    if said in ("cuda_error", "out_of_memory") and _mentions_cuda(last):
-        return said
-    if -code in NATIVE_FAULTS:
-        return "segfault"
-    return said
-
-
-def _mentions_cuda(text: str) -> bool:
-    lowered = text.lower()
-    return any(word in lowered for word in ("cuda", "cublas", "cudnn", "nccl", "hip error"))
-
-
 def crash_body(
     job_id: str, code: int, output: str, *, oom_killed: bool, during_init: bool, settings: Settings
 ) -> bytes:
@@ -103,7 +82,7 @@ def crash_body(
         error_type="WorkerCrashed",
         message=message,
         traceback="",
-        category=crash_category(code, output, oom_killed=oom_killed),
+        category=classify_crash(code, output, oom_killed=oom_killed),
         logs=output,
         identity=identity,
         redactor=settings.redactor,

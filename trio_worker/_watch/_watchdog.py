@@ -33,6 +33,8 @@ from . import _records
 from ._report import crash_body, describe_exit, kernel_says_oom_killed, oom_kills, report_held
 
 if TYPE_CHECKING:
+    import mmap
+
     from .._config import Settings
 
 log = logging.getLogger("trio_worker")
@@ -50,18 +52,20 @@ def fork_worker(settings: Settings, *, tee_output: bool) -> Feed | None:
     tee, feed = open_tee(TAIL_BYTES) if tee_output else (None, None)
     record_read, record_write = os.pipe()
     grow_pipe(record_write)
+    state = _records.new_state()
     oom_before = oom_kills()
     _flush_stdio()  # or the child would print the parent's buffered output a second time
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         _become_worker(parent, tee, feed, record_read, record_write)
+        _records.install(record_write, state)
         return feed
     if tee is not None and feed is not None:
         tee.close_child_ends()
         close_feed_ends(feed)
     os.close(record_write)
-    _Watchdog(pid, tee, record_read, settings, oom_before).run()
+    _Watchdog(pid, tee, record_read, state, settings, oom_before).run()
 
 
 def _become_worker(
@@ -80,16 +84,22 @@ def _become_worker(
     if tee is not None and feed is not None:
         adopt_feed(tee, feed)
     os.close(record_read)
-    _records.install(record_write)
 
 
 class _Watchdog:
     def __init__(
-        self, child: int, tee: Tee | None, records: int, settings: Settings, oom_before: int | None
+        self,
+        child: int,
+        tee: Tee | None,
+        records: int,
+        state: mmap.mmap,
+        settings: Settings,
+        oom_before: int | None,
     ) -> None:
         self.child = child
         self.tee = tee
         self.records = records
+        self.state = state
         self.settings = settings
         self.oom_before = oom_before
         self.ledger = _records.Ledger()
@@ -136,6 +146,7 @@ class _Watchdog:
                     with contextlib.suppress(OSError):
                         os.read(wake_read, 512)
         selector.close()
+        signal.set_wakeup_fd(-1)  # trio.run, if reports follow, sets its own
         if self.tee is not None:
             self.tee.drain()
         while self._read_records():
@@ -158,8 +169,16 @@ class _Watchdog:
     # -- after -----------------------------------------------------------------------------
 
     def _after(self, code: int) -> None:
+        if code == 0:
+            return
+        if not self.ledger.trust(self.state):
+            log.error(
+                "the worker process %s; some of its take/settle records were lost, so the "
+                "jobs it held are not reported (a report must never be sent twice)",
+                describe_exit(code),
+            )
         held = list(self.ledger.held)
-        if code == 0 or not held:
+        if not held:
             return
         output = self.tee.tail() if self.tee is not None else ""
         oom = False
