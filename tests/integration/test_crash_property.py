@@ -66,7 +66,7 @@ async def _scenario(
                     await fake.wait_for_status(job_id, "COMPLETED")
             # The crasher waits until every one of the `held` jobs has started.
             need = reported + held
-            plans = [{"seconds": 60, "held": need} for _ in range(held)]
+            plans: list[dict[str, object]] = [{"seconds": 60, "held": need} for _ in range(held)]
             plans[crasher] = {"crash": how, "held": need}
             victims = [fake.enqueue(plan) for plan in plans]
             waiting = fake.enqueue({"seconds": 0}) if held == concurrency else None
