@@ -62,7 +62,8 @@ def test_takes_and_settles_give_the_held_jobs_in_order(pipe: tuple[int, int]) ->
 
 def test_a_record_split_across_reads_is_applied_once_whole() -> None:
     ledger = Ledger()
-    line = b'T "job-1"\nS "job-1"\nT "job-2"\n'
+    line = b"T " + b"job-1".hex().encode() + b"\nS " + b"job-1".hex().encode()
+    line += b"\nT " + b"job-2".hex().encode() + b"\n"
     for i in range(len(line)):
         ledger.feed(line[i : i + 1])
     assert list(ledger.held) == ["job-2"]
@@ -80,7 +81,7 @@ def test_a_full_pipe_never_blocks_and_a_lost_record_fails_safe(pipe: tuple[int, 
             break
     for i in range(50):  # more than the buffer holds: some records are dropped
         writer.write(records.SETTLE if i % 2 else records.TAKE, f"job-{i // 2}")
-    ledger.feed(b'T "early"\n')
+    ledger.feed(b"T " + b"early".hex().encode() + b"\n")
     while True:  # the watchdog reads again (the filler is not records: skip it)
         try:
             data = os.read(r, 1 << 16)

@@ -26,14 +26,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import os
 import struct
 import sys
 import termios
-from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ._pipes import grow_pipe, wait_writable
+from ._pipes import grow_pipe, map_page, shared_page, wait_writable
+
+if TYPE_CHECKING:
+    import mmap
 
 __all__ = ["Feed", "Tee", "open_tee"]
 
@@ -41,14 +43,18 @@ _READ_SIZE = 1 << 16
 _SEQ = struct.Struct("Q")
 
 
-@dataclass
 class Feed:
     """What the worker (the child) keeps: the copy pipes to read, the upstream pipes to
-    check for unread bytes, and the watchdog's busy counter."""
+    check for unread bytes, and the watchdog's busy counter.
 
-    copies: tuple[int, int]  # read ends: what the watchdog forwarded from fds 1 and 2
-    upstream: tuple[int, int]  # read ends of fds 1/2's pipes, only ever asked FIONREAD
-    seq: mmap.mmap
+    (A plain class: the watchdog imports this module, and ``dataclasses`` alone would
+    add more than a megabyte to it.)
+    """
+
+    def __init__(self, copies: tuple[int, int], upstream: tuple[int, int], seq: mmap.mmap) -> None:
+        self.copies = copies  # read ends: what the watchdog forwarded from fds 1 and 2
+        self.upstream = upstream  # read ends of fds 1/2's pipes, only ever asked FIONREAD
+        self.seq = seq
 
     def upstream_pending(self) -> bool:
         """True while bytes written to fds 1/2 have not yet reached the copy pipes."""
@@ -69,20 +75,31 @@ class Tee:
         reads: tuple[int, int],
         writes: tuple[int, int],
         copies: tuple[int, int],
-        seq: mmap.mmap,
+        seq: tuple[int, mmap.mmap],
         tail_bytes: int,
         real: tuple[int, int] = (1, 2),
     ) -> None:
         self.reads = reads  # fds 1/2's pipes, read ends (non-blocking)
+        self.copies = copies  # non-blocking write ends
         self._real = {reads[0]: real[0], reads[1]: real[1]}  # where each passes through
-        self._copy = {reads[0]: copies[0], reads[1]: copies[1]}  # non-blocking write ends
+        self._copy = {reads[0]: copies[0], reads[1]: copies[1]}
         self._writes = writes  # write ends, closed once the child has its own
-        self._seq = seq
+        self.seq_fd, self._seq = seq
         self._count = 0
         self._tail = bytearray()
         self._tail_bytes = tail_bytes
         self.copies_dropped = 0
         self.closed: set[int] = set()  # read ends at EOF (every writer closed fd 1 or 2)
+
+    def spec(self) -> dict[str, object]:
+        """What the exec'd watchdog needs to rebuild this (`from_spec`): its fds."""
+        return {"reads": list(self.reads), "copies": list(self.copies), "seq": self.seq_fd}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], tail_bytes: int) -> Tee:
+        reads, copies = spec["reads"], spec["copies"]
+        seq = (spec["seq"], map_page(spec["seq"]))
+        return cls((reads[0], reads[1]), (-1, -1), (copies[0], copies[1]), seq, tail_bytes)
 
     def close_child_ends(self) -> None:
         """The child holds fds 1/2's write ends now; keeping ours would hide its EOF."""
@@ -156,7 +173,7 @@ def open_tee(tail_bytes: int, real: tuple[int, int] = (1, 2)) -> tuple[Tee, Feed
         os.set_blocking(cw, False)
         copy_reads.append(cr)
         copy_writes.append(cw)
-    seq = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)
+    seq = shared_page("trio_worker-tee")
     tee = Tee(
         (reads[0], reads[1]),
         (writes[0], writes[1]),
@@ -165,7 +182,7 @@ def open_tee(tail_bytes: int, real: tuple[int, int] = (1, 2)) -> tuple[Tee, Feed
         tail_bytes,
         real,
     )
-    feed = Feed((copy_reads[0], copy_reads[1]), (reads[0], reads[1]), seq)
+    feed = Feed((copy_reads[0], copy_reads[1]), (reads[0], reads[1]), seq[1])
     return tee, feed
 
 

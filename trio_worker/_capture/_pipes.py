@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import mmap
 import os
 import select
 
@@ -58,3 +59,16 @@ def close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def shared_page(name: str) -> tuple[int, mmap.mmap]:
+    """A page of memory shared by a process, its forked child, and the program either
+    one may exec (an anonymous mapping would not survive the exec): its fd, and the map."""
+    fd = os.memfd_create(name, 0)  # not close-on-exec: the exec'd watchdog maps it again
+    os.ftruncate(fd, mmap.PAGESIZE)
+    return fd, mmap.mmap(fd, mmap.PAGESIZE)
+
+
+def map_page(fd: int) -> mmap.mmap:
+    """The page `shared_page` made, mapped again from its fd (after exec)."""
+    return mmap.mmap(fd, mmap.PAGESIZE)

@@ -4,7 +4,8 @@ See docs/design.md §13 and docs/how-it-works.md ("Two processes").
 
 * ``_records``: the take and settle records the worker writes, and the watchdog's ledger
   of them. Imported by the lifecycle on every take, so it is tiny and imports nothing.
-* ``_watchdog``: the fork at ``start()``, the watchdog's wait, its exit status.
+* ``_watchdog``: the fork at ``start()``, and the exec of the watchdog in the parent.
+* ``_main``: the watchdog's program: signals, output, records, the worker's exit.
 * ``_report``: the cause of a crash, its category, the job-done bodies and their delivery.
 
 :func:`watch_crashes` is the one call ``start()`` makes.
@@ -50,7 +51,7 @@ def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) ->
         return None
     from ._watchdog import fork_worker
 
-    return fork_worker(settings, tee_output=tee_output)
+    return fork_worker(settings, tee_output=tee_output, log_level=log.getEffectiveLevel())
 
 
 def unwatched_reason(environ: dict[str, str] | os._Environ[str]) -> str | None:

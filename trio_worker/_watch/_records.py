@@ -2,8 +2,9 @@
 
 See docs/design.md §13. The worker writes one line per change of its ledger to a pipe
 the watchdog reads: ``T <id>`` when a job is admitted, ``S <id>`` when it leaves the ledger
-(its report acknowledged or given up, the job stopped or released). Nothing else of a job
-passes through the watchdog, so it is on no job's path.
+(its report acknowledged or given up, the job stopped or released), ids hex-encoded, and
+``R`` once the initializer finished. Nothing else of a job passes through the watchdog, so
+it is on no job's path.
 
 The writes come from the event loop, so they never block: the pipe is ``O_NONBLOCK`` and
 a record that does not fit waits in a bounded buffer, sent ahead of the next one. If that
@@ -22,13 +23,11 @@ tell it everything forgets the held jobs (:meth:`Ledger.trust`).
 from __future__ import annotations
 
 import contextlib
-import json
 import mmap
 import os
 import select
 import struct
 from collections import deque
-from dataclasses import dataclass, field
 
 _STATE = struct.Struct("QQ")  # unsent records (0/1), overflows so far
 
@@ -56,7 +55,8 @@ class RecordWriter:
         self._state = state if state is not None else new_state()
 
     def write(self, kind: str, job_id: str) -> None:
-        line = f"{kind} {json.dumps(job_id)}\n".encode()
+        # Hex: any id fits on one line, and the watchdog decodes it without importing json.
+        line = f"{kind} {job_id.encode(errors='surrogatepass').hex()}\n".encode()
         if len(line) > select.PIPE_BUF:
             # Only a line within PIPE_BUF is written whole or not at all, so the watchdog
             # never sees half a record. Such an id is never recorded, take nor settle: the
@@ -92,19 +92,19 @@ class RecordWriter:
 
 
 def new_state() -> mmap.mmap:
-    """The page the writer and the watchdog share (made before fork)."""
-    return mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)
+    """A page for a writer nobody watches (tests); the watched worker's is shared."""
+    return mmap.mmap(-1, mmap.PAGESIZE)
 
 
-@dataclass
 class Ledger:
     """The watchdog's view: the ids held, in order of admission."""
 
-    held: dict[str, None] = field(default_factory=dict)
-    ready: bool = False  # the initializer finished
-    settled: int = 0
-    lost: int = 0
-    _partial: bytes = b""
+    def __init__(self) -> None:
+        self.held: dict[str, None] = {}
+        self.ready = False  # the initializer finished
+        self.settled = 0
+        self.lost = 0
+        self._partial = b""
 
     def feed(self, data: bytes) -> None:
         lines = (self._partial + data).split(b"\n")
@@ -132,10 +132,8 @@ class Ledger:
             self.held.clear()
             return
         try:
-            job_id = json.loads(rest)
+            job_id = bytes.fromhex(rest).decode(errors="surrogatepass")
         except ValueError:
-            return
-        if not isinstance(job_id, str):
             return
         if kind == TAKE:
             self.held[job_id] = None

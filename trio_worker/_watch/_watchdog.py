@@ -1,76 +1,122 @@
-"""Fork at ``start()``: the parent becomes the crash watchdog, the child the worker.
+"""Fork at ``start()``: the child becomes the worker, the parent execs the crash watchdog.
 
 See docs/design.md §13 and docs/how-it-works.md ("Two processes"). The process the user
 started stays the one the container runs (PID 1 under ``CMD ["python", "-u",
 "handler.py"]``), so it cannot be the one that dies: it forks before any thread, event loop
-or GPU runtime exists, and the child runs everything else, initializer included. The
-parent only waits: it forwards SIGTERM and SIGINT, passes the child's output through
-(``_capture._feed``), reads the take and settle records (``_records``), and when the child
-dies without having reported, reports the jobs it held (``_report``). Then it exits with
-the child's status (128 + the signal's number for a signal, as a shell reports it).
+or GPU runtime exists, and the child runs everything else, initializer included.
 
-It never runs the user's ``atexit`` handlers (they belong to the worker, which runs them at
-its clean exit: docs/design.md §6.3) and never loads a GPU runtime: it is the user's
-script stopped inside ``start()``, before the initializer.
+The parent then replaces itself (``execv``: same PID, same children) with a fresh, small
+interpreter running ``_main``. Without the exec it would keep the user's whole module
+state, and every page of it the worker later touches (a reference count is a write) would
+be copied: the watchdog would grow with the worker's imports, and a model loaded at
+import time would be held twice. After the exec it holds only what ``_main`` imports.
+What it needs crosses the exec as inherited fds (the pipes, two shared pages) and one
+JSON argument.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
+import marshal
 import os
-import selectors
 import signal
 import sys
-from typing import TYPE_CHECKING, NoReturn
-
-import trio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._capture._feed import Feed, Tee, adopt_feed, close_feed_ends, open_tee
-from .._capture._pipes import grow_pipe
+from .._capture._pipes import grow_pipe, shared_page
 from . import _records
-from ._report import crash_body, describe_exit, kernel_says_oom_killed, oom_kills, report_held
+from ._report import oom_kills
 
 if TYPE_CHECKING:
-    import mmap
-
     from .._config import Settings
-
-log = logging.getLogger("trio_worker")
 
 TAIL_BYTES = 256 * 1024  # what the watchdog keeps of the output; reports clip to 16 KiB
 _PR_SET_PDEATHSIG = 1
-_POLL = 1.0  # seconds: a bound on waiting, should a SIGCHLD be missed
+
+# Run by the exec'd watchdog (``python -S -c BOOTSTRAP SPEC``). The packages on the way to
+# ``_main`` are entered as bare namespaces, so their ``__init__`` (the whole SDK, trio and
+# httpx) is not imported until a crash needs it (``_main.unstub``). -S: the parent's
+# sys.path is given whole, so ``site`` has nothing left to do.
+BOOTSTRAP = """\
+import marshal, os, sys, types
+spec = marshal.loads(bytes.fromhex(sys.argv[1]))
+sys.path[:] = spec["path"]
+for name in ("trio_worker", "trio_worker._capture", "trio_worker._watch"):
+    stub = types.ModuleType(name)
+    stub.__path__ = [os.path.join(spec["package"], *name.split(".")[1:])]
+    sys.modules[name] = stub
+from trio_worker._watch._main import main
+main(spec)
+"""
 
 
-def fork_worker(settings: Settings, *, tee_output: bool) -> Feed | None:
+def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed | None:
     """Fork; returns in the child (the worker), with its `Feed` when output is teed.
 
-    The parent never returns: it watches the child, then exits with its status.
+    The parent never returns: it becomes the watchdog, which exits with the child's status.
     """
     tee, feed = open_tee(TAIL_BYTES) if tee_output else (None, None)
     record_read, record_write = os.pipe()
     grow_pipe(record_write)
-    state = _records.new_state()
+    state_fd, state = shared_page("trio_worker-records")
     oom_before = oom_kills()
     _flush_stdio()  # or the child would print the parent's buffered output a second time
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _become_worker(parent, tee, feed, record_read, record_write)
+        _become_worker(parent, tee, feed, record_read)
+        os.close(state_fd)
         _records.install(record_write, state)
         return feed
     if tee is not None and feed is not None:
         tee.close_child_ends()
         close_feed_ends(feed)
     os.close(record_write)
-    _Watchdog(pid, tee, record_read, state, settings, oom_before).run()
+    spec: dict[str, Any] = {
+        "child": pid,
+        "tee": None if tee is None else tee.spec(),
+        "records": record_read,
+        "state": state_fd,
+        "oom_before": oom_before,
+        "tail_bytes": TAIL_BYTES,
+        "timings": dataclasses.asdict(settings.timings),
+        "capture_logs": settings.capture_logs,
+        "log_level": log_level,
+        "path": list(sys.path),
+        "package": str(Path(__file__).resolve().parents[1]),
+    }
+    _exec_watchdog(spec)
 
 
-def _become_worker(
-    parent: int, tee: Tee | None, feed: Feed | None, record_read: int, record_write: int
-) -> None:
+def _exec_watchdog(spec: dict[str, Any]) -> NoReturn:
+    tee = spec["tee"]
+    fds = [spec["records"], spec["state"]]
+    if isinstance(tee, dict):
+        fds += [*tee["reads"], *tee["copies"], tee["seq"]]
+    for fd in fds:
+        assert isinstance(fd, int)
+        os.set_inheritable(fd, True)
+    try:
+        # marshal: built in, so the watchdog decodes its spec without importing json.
+        argument = marshal.dumps(spec).hex()
+        os.execv(sys.executable, [sys.executable, "-S", "-c", BOOTSTRAP, argument])
+    except OSError:
+        # No interpreter to exec (a frozen app): the worker is running; wait for it
+        # here instead, with this process's memory, rather than leave it unwatched.
+        logging.getLogger("trio_worker").warning(
+            "crash watch: cannot exec %s; watching from this process", sys.executable
+        )
+        from ._main import main
+
+        main(spec)
+
+
+def _become_worker(parent: int, tee: Tee | None, feed: Feed | None, record_read: int) -> None:
     # Its own process group: a terminal's Ctrl-C reaches the watchdog alone, which
     # forwards it once (the worker would take two SIGINTs as "exit at once").
     with contextlib.suppress(OSError):
@@ -83,136 +129,8 @@ def _become_worker(
         os._exit(1)  # the watchdog died before prctl took effect
     if tee is not None and feed is not None:
         adopt_feed(tee, feed)
+        os.close(tee.seq_fd)
     os.close(record_read)
-
-
-class _Watchdog:
-    def __init__(
-        self,
-        child: int,
-        tee: Tee | None,
-        records: int,
-        state: mmap.mmap,
-        settings: Settings,
-        oom_before: int | None,
-    ) -> None:
-        self.child = child
-        self.tee = tee
-        self.records = records
-        self.state = state
-        self.settings = settings
-        self.oom_before = oom_before
-        self.ledger = _records.Ledger()
-        self.signals = 0
-
-    def run(self) -> NoReturn:
-        try:
-            code = self._wait()
-            self._after(code)
-        except BaseException:
-            log.exception("crash watchdog failed; exiting with the worker's status if known")
-            code = 1
-        self._leave(code)
-
-    # -- while the worker lives ----------------------------------------------------------
-
-    def _wait(self) -> int:
-        wake_read, wake_write = os.pipe()
-        os.set_blocking(wake_read, False)
-        os.set_blocking(wake_write, False)
-        signal.set_wakeup_fd(wake_write)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._forward)
-        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-        selector = selectors.DefaultSelector()
-        if self.tee is not None:
-            for fd in self.tee.reads:
-                selector.register(fd, selectors.EVENT_READ, "out")
-        selector.register(self.records, selectors.EVENT_READ, "records")
-        selector.register(wake_read, selectors.EVENT_READ, "wake")
-        while True:
-            waited, status = os.waitpid(self.child, os.WNOHANG)
-            if waited:
-                break
-            for key, _ in selector.select(_POLL):
-                if key.data == "out" and self.tee is not None:
-                    self.tee.pump(key.fd)
-                    if key.fd in self.tee.closed:
-                        selector.unregister(key.fd)
-                elif key.data == "records":
-                    if not self._read_records():
-                        selector.unregister(self.records)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.read(wake_read, 512)
-        selector.close()
-        signal.set_wakeup_fd(-1)  # trio.run, if reports follow, sets its own
-        if self.tee is not None:
-            self.tee.drain()
-        while self._read_records():
-            pass
-        return os.waitstatus_to_exitcode(status)
-
-    def _forward(self, signum: int, frame: object) -> None:
-        self.signals += 1
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.child, signum)
-
-    def _read_records(self) -> bool:
-        try:
-            data = os.read(self.records, 1 << 16)
-        except BlockingIOError:
-            return False
-        self.ledger.feed(data)
-        return bool(data)
-
-    # -- after -----------------------------------------------------------------------------
-
-    def _after(self, code: int) -> None:
-        if code == 0:
-            return
-        if not self.ledger.trust(self.state):
-            log.error(
-                "the worker process %s; some of its take/settle records were lost, so the "
-                "jobs it held are not reported (a report must never be sent twice)",
-                describe_exit(code),
-            )
-        held = list(self.ledger.held)
-        if not held:
-            return
-        output = self.tee.tail() if self.tee is not None else ""
-        oom = False
-        if code == -signal.SIGKILL:
-            after = oom_kills()
-            counted = self.oom_before is not None and after is not None
-            oom = (counted and after > self.oom_before) or kernel_says_oom_killed(self.child)  # type: ignore[operator]
-        log.error(
-            "the worker process %s; reporting the %d job(s) it held: %s",
-            describe_exit(code),
-            len(held),
-            ", ".join(held),
-        )
-        bodies = {
-            job_id: crash_body(
-                job_id,
-                code,
-                output,
-                oom_killed=oom,
-                during_init=not self.ledger.ready,
-                settings=self.settings,
-            )
-            for job_id in held
-        }
-        grace = self.settings.timings.shutdown_grace
-        trio.run(
-            lambda: report_held(
-                self.settings, bodies, grace=grace, leave_now=lambda: self._leave(code)
-            )
-        )
-
-    def _leave(self, code: int) -> NoReturn:
-        _flush_stdio()
-        os._exit(128 - code if code < 0 else code)
 
 
 def _flush_stdio() -> None:
