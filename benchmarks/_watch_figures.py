@@ -78,6 +78,7 @@ def crash_watch(bench: Bench, sdk: Sdk, rounds: int = 3) -> dict[str, Any]:
     for key, samples in runs.items():
         out[key] = {
             "first_take_s": median([s["first_take_s"] for s in samples]),
+            "first_take_samples_s": [round(s["first_take_s"], 3) for s in samples],
             "main_rss_mib": _mib(median([s["main_rss_kib"] or 0 for s in samples])),
             "main_private_mib": _mib(median([s["main_private_kib"] or 0 for s in samples])),
             "child_rss_mib": _mib(median([s["child_rss_kib"] for s in samples])),

@@ -29,6 +29,9 @@ import trio_worker
 
 print(f"app pid {os.getpid()}", flush=True)
 HELD = 0
+if os.environ.get("THREAD_BEFORE_START"):  # a framework's thread, started at import
+    import threading
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
 
 
 def die(how):
@@ -221,6 +224,20 @@ async def test_unwatched_when_opted_out_the_job_is_lost_as_before(
     assert await worker.wait() == -signal.SIGSEGV, worker.output
     assert platform.fake.job(job_id).done_reports == []
     assert "crash watch off: TRIO_WORKER_CRASH_WATCH=0" in worker.output
+
+
+async def test_with_a_thread_running_before_start_it_runs_unwatched_and_says_why(
+    platform: Platform, crash_app: Path, nursery: trio.Nursery
+) -> None:
+    job_id = platform.fake.enqueue({"seconds": 0})
+    worker = await start_worker(nursery, crash_app, platform, THREAD_BEFORE_START="1")
+    with trio.fail_after(30):
+        await platform.fake.wait_for_status(job_id, "COMPLETED")
+    assert await worker.stop() == 0, worker.output
+    assert (
+        "crash watch off: 1 thread(s) already running before start() (forking them is "
+        "unsafe); start them in the initializer" in worker.output
+    )
 
 
 def _can_unshare() -> str | None:

@@ -87,6 +87,9 @@ class _Watchdog:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        if "priority" in self.spec:  # started low (see _watchdog._exec_watchdog)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, self.spec["priority"])
         selector = selectors.DefaultSelector()
         if self.tee is not None:
             for fd in self.tee.reads:

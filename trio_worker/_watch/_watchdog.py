@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import marshal
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -64,11 +65,28 @@ def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed
     record_read, record_write = os.pipe()
     grow_pipe(record_write)
     state_fd, state = shared_page("trio_worker-records")
-    oom_before = oom_kills()
+    # Everything the watchdog needs is ready before the fork, so that after it the parent
+    # only closes fds and execs: the worker waits for that (`_await_exec`).
+    spec: dict[str, Any] = {
+        "tee": None if tee is None else tee.spec(),
+        "records": record_read,
+        "state": state_fd,
+        "oom_before": oom_kills(),
+        "tail_bytes": TAIL_BYTES,
+        "timings": dataclasses.asdict(settings.timings),
+        "capture_logs": settings.capture_logs,
+        "log_level": log_level,
+        "path": list(sys.path),
+        "package": str(Path(__file__).resolve().parents[1]),
+    }
+    # Closed by the exec (O_CLOEXEC): the child waits for that before it runs on.
+    exec_done, exec_pending = os.pipe()
     _flush_stdio()  # or the child would print the parent's buffered output a second time
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        os.close(exec_pending)
+        _await_exec(exec_done)
         _become_worker(parent, tee, feed, record_read)
         os.close(state_fd)
         _records.install(record_write, state)
@@ -77,23 +95,20 @@ def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed
         tee.close_child_ends()
         close_feed_ends(feed)
     os.close(record_write)
-    spec: dict[str, Any] = {
-        "child": pid,
-        "tee": None if tee is None else tee.spec(),
-        "records": record_read,
-        "state": state_fd,
-        "oom_before": oom_before,
-        "tail_bytes": TAIL_BYTES,
-        "timings": dataclasses.asdict(settings.timings),
-        "capture_logs": settings.capture_logs,
-        "log_level": log_level,
-        "path": list(sys.path),
-        "package": str(Path(__file__).resolve().parents[1]),
-    }
-    _exec_watchdog(spec)
+    os.close(exec_done)
+    spec["child"] = pid
+    _exec_watchdog(spec, exec_pending)
 
 
-def _exec_watchdog(spec: dict[str, Any]) -> NoReturn:
+def _await_exec(exec_done: int) -> None:
+    """Until the parent has exec'd (or 1 s): before that, every page the worker writes
+    is copied, since the parent still maps it; after, a write only takes the page over."""
+    with contextlib.suppress(OSError):
+        select.select([exec_done], [], [], 1.0)
+    os.close(exec_done)
+
+
+def _exec_watchdog(spec: dict[str, Any], exec_pending: int) -> NoReturn:
     tee = spec["tee"]
     fds = [spec["records"], spec["state"]]
     if isinstance(tee, dict):
@@ -101,6 +116,12 @@ def _exec_watchdog(spec: dict[str, Any]) -> NoReturn:
     for fd in fds:
         assert isinstance(fd, int)
         os.set_inheritable(fd, True)
+    # The watchdog's start (an interpreter, ~30 ms of CPU) must not slow the worker's on a
+    # busy machine: it starts at a low priority and restores the original once waiting
+    # (when allowed: raising a priority back may need CAP_SYS_NICE).
+    with contextlib.suppress(OSError):
+        spec["priority"] = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, min(spec["priority"] + 10, 19))
     try:
         # marshal: built in, so the watchdog decodes its spec without importing json.
         argument = marshal.dumps(spec).hex()
@@ -108,6 +129,7 @@ def _exec_watchdog(spec: dict[str, Any]) -> NoReturn:
     except OSError:
         # No interpreter to exec (a frozen app): the worker is running; wait for it
         # here instead, with this process's memory, rather than leave it unwatched.
+        os.close(exec_pending)
         logging.getLogger("trio_worker").warning(
             "crash watch: cannot exec %s; watching from this process", sys.executable
         )
