@@ -55,15 +55,18 @@ def flush_all(capture: OutputCapture | None) -> None:
         capture.stop()
 
 
-def run_atexit_handlers(bound: float) -> None:
+def run_atexit_handlers(bound: float, capture: OutputCapture | None = None) -> None:
     """Run what the user registered with ``atexit``, within *bound* seconds.
 
     ``os._exit`` skips them, yet libraries rely on them at a clean exit (runpod's
     VolumeCache syncing a model cache to the network volume, telemetry and profiler
     flushes). They run in a daemon thread so that one that hangs costs *bound*, and the
     flush after it still runs. An exception in one is printed by ``atexit`` itself and
-    the next one runs.
+    the next one runs. *capture*'s own stop is taken out of them: it runs after them, in
+    `flush_all`, so their output is still captured and its flush does not eat their bound.
     """
+    if capture is not None:
+        atexit.unregister(capture.stop)
     runner = threading.Thread(target=atexit._run_exitfuncs, name="trio_worker atexit", daemon=True)
     runner.start()
     runner.join(bound)
@@ -98,7 +101,7 @@ def exit_process(
         if farewell is not None:
             log.log(farewell_level, "%s", farewell)
         if at_exit:
-            run_atexit_handlers(watchdog_seconds / 2)
+            run_atexit_handlers(watchdog_seconds / 2, capture)
         flush_all(capture)
     finally:
         os._exit(status)

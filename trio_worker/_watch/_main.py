@@ -86,6 +86,8 @@ class _Watchdog:
         signal.set_wakeup_fd(wake_write)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._forward)
+        # Blocked since before the fork (_watchdog): what came meanwhile is delivered now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         if "priority" in self.spec:  # started low (see _watchdog._exec_watchdog)
             with contextlib.suppress(OSError):

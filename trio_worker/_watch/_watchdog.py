@@ -36,6 +36,7 @@ from ._report import oom_kills
 if TYPE_CHECKING:
     from .._config import Settings
 
+FORWARDED = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 256 * 1024  # what the watchdog keeps of the output; reports clip to 16 KiB
 _PR_SET_PDEATHSIG = 1
 
@@ -82,9 +83,13 @@ def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed
     # Closed by the exec (O_CLOEXEC): the child waits for that before it runs on.
     exec_done, exec_pending = os.pipe()
     _flush_stdio()  # or the child would print the parent's buffered output a second time
+    # Blocked until the watchdog has its handlers: a SIGTERM sent meanwhile waits for it
+    # (the mask survives the exec) instead of killing the half-started watchdog.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         os.close(exec_pending)
         _await_exec(exec_done)
         _become_worker(parent, tee, feed, record_read)
