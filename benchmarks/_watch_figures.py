@@ -67,9 +67,11 @@ def _start_once(bench: Bench, sdk: Sdk, env: dict[str, str]) -> dict[str, Any]:
         kill_group(worker)
 
 
-def crash_watch(bench: Bench, sdk: Sdk, rounds: int = 3) -> dict[str, Any]:
+def crash_watch(bench: Bench, sdk: Sdk, rounds: int | None = None) -> dict[str, Any]:
     """Start-up, memory and jobs/s with the watchdog on and off, in alternating runs (the
     median of *rounds* throughput runs each: a shared machine is noisy)."""
+    if rounds is None:
+        rounds = 1 if bench.settings.quick else 3
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     for _ in range(bench.settings.start_repeats * 2):
         for key, env in (("on", {}), ("off", OFF)):
