@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import _figures, _report, _sdks
+from benchmarks import _figures, _report, _sdks, _watch_figures
 from benchmarks._platform import PlatformProcess
 from benchmarks._procs import LoadMonitor
 
@@ -128,6 +128,15 @@ def run_sdk(bench: _figures.Bench, sdk: _sdks.Sdk) -> dict[str, Any]:
             "streams_trio",
             partial(_figures.many_streams, bench, sdk, "trio"),
         )
+        # The crash watchdog's cost: docs/design.md §13.
+        _attempt(
+            "crash watch on/off",
+            results,
+            "crash_watch",
+            partial(_watch_figures.crash_watch, bench, sdk),
+        )
+        if "error" not in results["crash_watch"]:
+            say(_watch_figures.summary(results["crash_watch"]))
     results["import_ms"] = _import_ms(bench, sdk)
     return results
 

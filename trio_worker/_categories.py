@@ -48,13 +48,14 @@ Notable choices:
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["RULES", "Category", "Rule", "classify"]
+__all__ = ["NATIVE_FAULTS", "RULES", "Category", "Rule", "classify", "classify_crash"]
 
 Category = Literal[
     "out_of_memory",
@@ -66,6 +67,7 @@ Category = Literal[
     "disk_full",
     "permission",
     "worker_shutdown",
+    "segfault",
     "unknown",
 ]
 
@@ -366,6 +368,40 @@ def classify(exc: BaseException | None, output: str = "") -> Category:
             if any(p.search(text) for p in rule.patterns):
                 return rule.category
     return "unknown"
+
+
+# Fatal signals raised by native code itself: a crash of a C/C++/CUDA extension.
+NATIVE_FAULTS = frozenset(
+    {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
+)
+_CRASH_TAIL = 16 * 1024  # the "last output" a crash is judged by: what its report carries
+_CUDA_WORDS = ("cuda", "cublas", "cudnn", "nccl", "hip error")
+
+
+def classify_crash(code: int, output: str, *, oom_killed: bool) -> Category:
+    """The category of a worker process that died (``WorkerCrashed``, docs/design.md §13).
+
+    *code* is the child's ``os.waitstatus_to_exitcode`` (negative: killed by that signal).
+    In order: ``out_of_memory`` for SIGKILL when the kernel counted an OOM kill
+    (*oom_killed*); what a CUDA line in the last output says (``cuda_error``, or
+    ``out_of_memory`` for "CUDA out of memory"); ``segfault`` for a fatal signal of native
+    code; else the rules above on the output.
+
+    >>> classify_crash(-11, "RuntimeError: CUDA error: an illegal memory access", oom_killed=False)
+    'cuda_error'
+    >>> classify_crash(-11, "", oom_killed=False)
+    'segfault'
+    """
+    if code == -signal.SIGKILL and oom_killed:
+        return "out_of_memory"
+    last = output[-_CRASH_TAIL:]
+    said = classify(None, last)
+    lowered = last.lower()
+    if said in ("cuda_error", "out_of_memory") and any(w in lowered for w in _CUDA_WORDS):
+        return said
+    if -code in NATIVE_FAULTS:
+        return "segfault"
+    return said
 
 
 def _walk(exc: BaseException) -> Iterator[BaseException]:

@@ -9,6 +9,7 @@ first, under a watchdog that exits anyway if a flush hangs.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -55,6 +56,27 @@ def exit_status(exc: SystemExit | KeyboardInterrupt) -> int:
     return code & 0xFF if isinstance(code, int) else 1
 
 
+def run_atexit_handlers(bound: float, capture: OutputCapture | None = None) -> None:
+    """Run what the user registered with ``atexit``, within *bound* seconds.
+
+    ``os._exit`` skips them, yet libraries rely on them at a clean exit (runpod's
+    VolumeCache syncing a model cache to the network volume, telemetry and profiler
+    flushes). They run in a daemon thread so that one that hangs costs *bound*, and the
+    flush after it still runs. An exception in one is printed by ``atexit`` itself and
+    the next one runs. *capture*'s own stop is taken out of them: it runs after them, in
+    `flush_all`, so their output is still captured and its flush does not eat their bound.
+    """
+    if capture is not None:
+        atexit.unregister(capture.stop)
+    runner = threading.Thread(target=atexit._run_exitfuncs, name="trio_worker atexit", daemon=True)
+    runner.start()
+    runner.join(bound)
+    if runner.is_alive():
+        log.warning(
+            "an atexit handler still ran after %.1fs; exiting without waiting for it", bound
+        )
+
+
 def exit_process(
     status: int,
     capture: OutputCapture | None = None,
@@ -62,6 +84,7 @@ def exit_process(
     watchdog_seconds: float = DEFAULT_EXIT_FLUSH_WATCHDOG,
     farewell: str | None = None,
     farewell_level: int = logging.WARNING,
+    at_exit: bool = True,
 ) -> NoReturn:
     """Flush, then end the process with *status* whatever threads are still running.
 
@@ -69,7 +92,8 @@ def exit_process(
     *watchdog_seconds* (``Timings.exit_flush_watchdog``) before the process ends anyway.
     *farewell*, the line saying why, is logged under that watchdog too: logging takes
     locks, and a signal handler runs on whatever the main thread was doing, perhaps
-    holding one of them.
+    holding one of them. *at_exit*: the ``atexit`` handlers run first, within half of
+    that bound (:func:`run_atexit_handlers`); an exit "at once" passes False.
     """
     watchdog = threading.Timer(watchdog_seconds, os._exit, args=(status,))
     watchdog.daemon = True
@@ -77,6 +101,8 @@ def exit_process(
     try:
         if farewell is not None:
             log.log(farewell_level, "%s", farewell)
+        if at_exit:
+            run_atexit_handlers(watchdog_seconds / 2, capture)
         flush_all(capture)
     finally:
         os._exit(status)
@@ -135,7 +161,12 @@ class ExitGuard:
         self.leave(0, "every report is out; exiting without the handler(s) still running")
 
     def leave(
-        self, status: int, farewell: str | None = None, level: int = logging.WARNING
+        self,
+        status: int,
+        farewell: str | None = None,
+        level: int = logging.WARNING,
+        *,
+        at_exit: bool = True,
     ) -> NoReturn:
         exit_process(
             status,
@@ -143,13 +174,14 @@ class ExitGuard:
             watchdog_seconds=self._timings.exit_flush_watchdog,
             farewell=farewell,
             farewell_level=level,
+            at_exit=at_exit,
         )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals > 1:
-            self.leave(128 + signum, f"second signal ({name}): exiting at once")
+            self.leave(128 + signum, f"second signal ({name}): exiting at once", at_exit=False)
         self.arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
         reason = f"{name} received"
         if self._token is None or self._shutdown is None:
@@ -173,6 +205,7 @@ class ExitGuard:
             "shutdown grace ended (a handler ignoring cancellation, or a blocked event "
             "loop); exiting",
             logging.ERROR,
+            at_exit=False,
         )
 
     def _reports_in_flight(self) -> bool:

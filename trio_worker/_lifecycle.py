@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._watch import records as crash_records
+
 
 class JobState(enum.Enum):
     TAKEN = "taken"
@@ -209,6 +211,8 @@ class Phases:
         except KeyError:
             raise IllegalTransition("worker", before, event) from None
         self.gate_open = self.gate_open or event is PhaseEvent.INIT_OK
+        if event is PhaseEvent.INIT_OK:
+            crash_records.ready()  # the crash watchdog: past the initializer
         for observer in self.observers:
             observer(before, event, self.phase)
         return self.phase
@@ -267,6 +271,7 @@ class Ledger:
         with self._lock:
             self._jobs[job_id] = job
             self._snapshot = None
+        crash_records.take(job_id)  # the crash watchdog's view of the ledger
         self.ever_held += 1
         self._changed()
         return job
@@ -280,6 +285,7 @@ class Ledger:
             with self._lock:
                 del self._jobs[job.id]
                 self._snapshot = None
+            crash_records.settle(job.id)
             self._changed()
         return state
 

@@ -55,6 +55,7 @@ class WorkerOptions:
     async_backend: AsyncBackend = "trio"
     capture_logs: CaptureMode = "on"
     timings: Timings = dataclasses.field(default_factory=Timings)
+    crash_watch: bool = True  # docs/design.md §13
 
     @property
     def backend(self) -> Backend:
@@ -73,6 +74,7 @@ def worker_options(
     async_backend: AsyncBackend | None = None,
     capture_logs: CaptureMode = "on",
     timings: Timings | None = None,
+    crash_watch: bool = True,
 ) -> WorkerOptions:
     """Check every argument and bundle them; *handler* may be the reference's one dict.
 
@@ -103,6 +105,8 @@ def worker_options(
         raise ConfigurationError(f"capture_logs must be 'on' or 'off', got {capture_logs!r}")
     if timings is not None and not isinstance(timings, Timings):
         raise ConfigurationError(f"timings must be a trio_worker.Timings, got {timings!r}")
+    if not isinstance(crash_watch, bool):
+        raise ConfigurationError(f"crash_watch must be True or False, got {crash_watch!r}")
     return WorkerOptions(
         handler=handler,
         initializer=initializer,
@@ -113,6 +117,7 @@ def worker_options(
         async_backend=async_backend,
         capture_logs=capture_logs,
         timings=timings or Timings(),
+        crash_watch=crash_watch,
     )
 
 

@@ -40,6 +40,7 @@ from ._exceptions import ConfigurationError, InitializationError, exception_leav
 from ._exit import ExitGuard, exit_process, exit_status
 from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
 from ._options import worker_options
+from ._watch import watch_crashes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -87,6 +88,7 @@ def start(
     capture_logs: CaptureMode = "on",
     timings: Timings | None = None,
     argv: Sequence[str] | None = None,
+    crash_watch: bool = True,
 ) -> NoReturn:
     """Run this process as a Runpod Serverless worker; never returns.
 
@@ -123,6 +125,10 @@ def start(
             output tail (secrets redacted).
         timings (Timings or None): the worker's internal timeouts; ``None``: ``Timings()``.
         argv (sequence of str or None): the flags to parse instead of ``sys.argv[1:]``.
+        crash_watch (bool): in queue mode, run the worker in a child process under a
+            watchdog that reports the jobs it held if it dies (a segfault, the OOM
+            killer): docs/how-it-works.md. ``False`` (or ``TRIO_WORKER_CRASH_WATCH=0``)
+            runs it in this process, as before.
 
     Returns:
         Never. The process ends through ``os._exit`` after flushing logs and streams, so
@@ -176,6 +182,7 @@ def start(
             async_backend=async_backend,
             capture_logs=capture_logs,
             timings=timings,
+            crash_watch=crash_watch,
         )
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
@@ -191,8 +198,12 @@ def start(
         if args.test_input is not None or not settings.platform.queue_mode:
             note_local_mode("local mode")
             leave(_run_local(options, args), None)
+        # The crash watchdog (docs/design.md §13): only this process's child returns here.
+        feed = watch_crashes(
+            settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
+        )
         if options.capture_logs == "on":
-            capture = OutputCapture.install(redactor=settings.redactor)
+            capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
             install_python_stream_attribution()
         guard = ExitGuard(options.timings, capture)
         guard.install()

@@ -36,11 +36,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import errno
 import fcntl
 import functools
 import os
-import select
 import selectors
 import sys
 import termios
@@ -50,17 +48,21 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._pipes import close_all as _close_all
+from ._pipes import dup2 as _dup2
+from ._pipes import grow_pipe
+from ._pipes import identity as _identity
+from ._pipes import wait_writable as _wait_writable
 from ._redact import EDGE_CONTEXT, redact_from
 
 if TYPE_CHECKING:
+    from ._feed import Feed
     from ._redact import Redactor
 
 __all__ = ["OutputCapture", "flush_stdio"]
 
 READER_THREAD_NAME = "trio_worker-output-capture"
 
-_MAX_PIPE_SIZE = 1 << 20
-_MIN_PIPE_SIZE = 1 << 16
 _READ_SIZE = 1 << 16
 _FLUSH_TIMEOUT = 1.0
 
@@ -77,8 +79,15 @@ class _Redirect:
 class OutputCapture:
     """Captures fds 1 and 2 while passing everything through; see the module docstring."""
 
-    def __init__(self, redirects: list[_Redirect], redactor: Redactor, tail_bytes: int) -> None:
+    def __init__(
+        self,
+        redirects: list[_Redirect],
+        redactor: Redactor,
+        tail_bytes: int,
+        feed: Feed | None = None,
+    ) -> None:
         self._redirects = redirects
+        self._feed = feed
         self._redactor = redactor
         self._tail_bytes = tail_bytes
         self._ring = bytearray()
@@ -97,14 +106,20 @@ class OutputCapture:
         self._thread = threading.Thread(target=self._run, name=READER_THREAD_NAME, daemon=True)
 
     @classmethod
-    def install(cls, *, redactor: Redactor, tail_bytes: int = 1 << 20) -> OutputCapture:
+    def install(
+        cls, *, redactor: Redactor, tail_bytes: int = 1 << 20, feed: Feed | None = None
+    ) -> OutputCapture:
         """Capture fds 1 and 2 for the rest of the process life (or until `stop`).
 
         Everything still passes through to the real stdout/stderr, in order per fd.
         Captures nest if stopped in LIFO order. Raises OSError if fd 1 or 2 is not open.
+        With *feed* (a watched worker, `_feed`), fds 1/2 are left alone: the crash
+        watchdog already reads them and passes through; this reads its copies.
         """
         if tail_bytes <= 0:
             raise ValueError(f"tail_bytes must be positive, got {tail_bytes}")
+        if feed is not None:
+            return cls._install_fed(redactor, tail_bytes, feed)
         # Output buffered before the swap belongs to the old destination, ahead of ours.
         flush_stdio()
         redirects: list[_Redirect] = []
@@ -124,6 +139,21 @@ class OutputCapture:
             raise
         # Interpreter exit flushes sys.stdout and C stdio after atexit; by then fds 1/2 must
         # be the real ones again, or that output lands in a pipe nobody forwards.
+        atexit.register(capture.stop)
+        return capture
+
+    @classmethod
+    def _install_fed(cls, redactor: Redactor, tail_bytes: int, feed: Feed) -> OutputCapture:
+        redirects = [
+            # saved=-1, forwarding off: the watchdog passes through; nothing to restore.
+            _Redirect(fd=fd, saved=-1, read_end=copy, pipe_id=(0, 0), forwarding=False)
+            for fd, copy in zip((1, 2), feed.copies, strict=True)
+        ]
+        for r in redirects:
+            os.set_blocking(r.read_end, False)
+        capture = cls(redirects, redactor, tail_bytes, feed)
+        capture._restored = True
+        capture._thread.start()
         atexit.register(capture.stop)
         return capture
 
@@ -186,7 +216,7 @@ class OutputCapture:
         with self._cond:
             # Pipe first, then _busy: the reader sets _busy before it reads, under this
             # lock, so an empty pipe seen here with _busy clear means nothing is in flight.
-            while not self._reader_done and (self._unread() or self._busy):
+            while not self._reader_done and (self._upstream() or self._unread() or self._busy):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
@@ -298,6 +328,11 @@ class OutputCapture:
             # Deleting from the front of a bytearray only moves its start pointer.
             del ring[:excess]
 
+    def _upstream(self) -> bool:
+        # Asked before the copy pipes are rechecked, so a chunk the watchdog forwards
+        # meanwhile is seen in them on the next round (`_feed`).
+        return self._feed is not None and self._feed.upstream_pending()
+
     def _unread(self) -> int:
         pending = 0
         for fd in self._open_reads:
@@ -330,7 +365,7 @@ class OutputCapture:
         _close_all([r.saved for r in self._redirects])
 
 
-# --- fd plumbing ------------------------------------------------------------------------
+# --- redirecting an fd ------------------------------------------------------------------------
 
 
 def _redirect(fd: int) -> _Redirect:
@@ -341,7 +376,7 @@ def _redirect(fd: int) -> _Redirect:
         os.close(saved)
         raise
     try:
-        _grow_pipe(write_end)
+        grow_pipe(write_end)
         os.set_blocking(read_end, False)
         pipe_id = _identity(write_end)
         _dup2(write_end, fd)
@@ -352,54 +387,6 @@ def _redirect(fd: int) -> _Redirect:
         # fd now holds the only write end we need; children inherit it from there.
         os.close(write_end)
     return _Redirect(fd=fd, saved=saved, read_end=read_end, pipe_id=pipe_id)
-
-
-def _grow_pipe(fd: int) -> None:
-    """As large as allowed, up to 1 MiB, so a GIL-holding writer rarely meets a full pipe."""
-    set_size = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if set_size is None:  # not Linux
-        return
-    try:
-        with open("/proc/sys/fs/pipe-max-size", encoding="ascii") as f:
-            size = min(int(f.read()), _MAX_PIPE_SIZE)
-    except (OSError, ValueError):
-        size = _MAX_PIPE_SIZE
-    while size >= _MIN_PIPE_SIZE:
-        try:
-            fcntl.fcntl(fd, set_size, size)
-            return
-        except OSError:
-            # EPERM once the user's pipe-buffer quota (pipe-user-pages-soft) is used up.
-            size //= 2
-
-
-def _dup2(src: int, dst: int) -> None:
-    # Linux dup2 can fail with EBUSY while another thread is inside open() on dst.
-    for _ in range(100):
-        try:
-            os.dup2(src, dst)
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
-    os.dup2(src, dst)
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return (st.st_dev, st.st_ino)
-
-
-def _wait_writable(fd: int) -> None:
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    poller.poll()
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def _char_start(data: bytes, index: int) -> int:

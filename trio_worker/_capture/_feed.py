@@ -1,0 +1,215 @@
+"""The crash watchdog's side of output capture: it reads fds 1 and 2 first (docs/design.md §13).
+
+Why the watchdog reads first
+----------------------------
+A worker that dies by a signal takes its user-space buffers with it: what its capture
+reader had read but not yet passed on, and what sat in its own capture pipe. The output
+that explains a crash is exactly the last of it. So when the worker is watched, its fds 1
+and 2 are pipes whose read ends the *watchdog* (the parent process) holds: every byte a
+write(2) accepted reaches the watchdog, which passes it through to the real stdout/stderr,
+in order per fd, and keeps a bounded tail for the crash report.
+
+The worker keeps its own `OutputCapture` (per-job attribution and in-process failure
+reports need it): the watchdog forwards a copy of each chunk on a second pair of pipes, which
+the worker's capture reads instead of redirecting fds 1/2 itself (`Feed`). The copy is
+best effort: when the worker does not read it (its reader is stuck, the pipe is full), the
+watchdog drops that copy rather than block, and never drops the pass-through or its tail.
+
+A mark must stay exact across the extra hop (`OutputCapture.flush`): a shared counter says
+whether the watchdog holds a chunk it has read but not yet forwarded (odd: busy). An empty
+upstream pipe seen first, then an even counter, means everything written before the flush
+began is in the copy pipe or already in the worker's ring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import struct
+import sys
+import termios
+from typing import TYPE_CHECKING, Any
+
+from ._pipes import grow_pipe, map_page, shared_page, wait_writable
+
+if TYPE_CHECKING:
+    import mmap
+
+__all__ = ["Feed", "Tee", "open_tee"]
+
+_READ_SIZE = 1 << 16
+_SEQ = struct.Struct("Q")
+
+
+class Feed:
+    """What the worker (the child) keeps: the copy pipes to read, the upstream pipes to
+    check for unread bytes, and the watchdog's busy counter.
+
+    (A plain class: the watchdog imports this module, and ``dataclasses`` alone would
+    add more than a megabyte to it.)
+    """
+
+    def __init__(self, copies: tuple[int, int], upstream: tuple[int, int], seq: mmap.mmap) -> None:
+        self.copies = copies  # read ends: what the watchdog forwarded from fds 1 and 2
+        self.upstream = upstream  # read ends of fds 1/2's pipes, only ever asked FIONREAD
+        self.seq = seq
+
+    def upstream_pending(self) -> bool:
+        """True while bytes written to fds 1/2 have not yet reached the copy pipes."""
+        for fd in self.upstream:
+            buf = bytearray(4)
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+                if int.from_bytes(buf, sys.byteorder):
+                    return True
+        return bool(_SEQ.unpack_from(self.seq)[0] & 1)
+
+
+class Tee:
+    """The watchdog's end: pumps fds 1/2's pipes to the real fds, the copies and the tail."""
+
+    def __init__(
+        self,
+        reads: tuple[int, int],
+        writes: tuple[int, int],
+        copies: tuple[int, int],
+        seq: tuple[int, mmap.mmap],
+        tail_bytes: int,
+        real: tuple[int, int] = (1, 2),
+    ) -> None:
+        self.reads = reads  # fds 1/2's pipes, read ends (non-blocking)
+        self.copies = copies  # non-blocking write ends
+        self._real = {reads[0]: real[0], reads[1]: real[1]}  # where each passes through
+        self._copy = {reads[0]: copies[0], reads[1]: copies[1]}
+        self._writes = writes  # write ends, closed once the child has its own
+        self.seq_fd, self._seq = seq
+        self._count = 0
+        self._tail = bytearray()
+        self._tail_bytes = tail_bytes
+        self.copies_dropped = 0
+        self.closed: set[int] = set()  # read ends at EOF (every writer closed fd 1 or 2)
+
+    def spec(self) -> dict[str, object]:
+        """What the exec'd watchdog needs to rebuild this (`from_spec`): its fds."""
+        return {"reads": list(self.reads), "copies": list(self.copies), "seq": self.seq_fd}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], tail_bytes: int) -> Tee:
+        reads, copies = spec["reads"], spec["copies"]
+        seq = (spec["seq"], map_page(spec["seq"]))
+        return cls((reads[0], reads[1]), (-1, -1), (copies[0], copies[1]), seq, tail_bytes)
+
+    def close_child_ends(self) -> None:
+        """The child holds fds 1/2's write ends now; keeping ours would hide its EOF."""
+        for fd in self._writes:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def pump(self, fd: int) -> bool:
+        """Move one chunk; False at EOF or when nothing was there."""
+        self._bump()  # odd: a chunk is in our hands
+        try:
+            try:
+                data = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                return False
+            if not data:
+                self.closed.add(fd)
+                return False
+            _write_all(self._real[fd], data)
+            self._copy_out(self._copy[fd], data)
+            self._keep(data)
+            return True
+        finally:
+            self._bump()  # even: forwarded
+
+    def drain(self) -> None:
+        """Whatever the pipes still hold, without waiting for EOF (a grandchild may hold
+        a write end for ever)."""
+        for fd in self.reads:
+            while fd not in self.closed and self.pump(fd):
+                pass
+
+    def tail(self) -> str:
+        return bytes(self._tail).decode(errors="replace")
+
+    def _bump(self) -> None:
+        self._count += 1
+        _SEQ.pack_into(self._seq, 0, self._count)
+
+    def _copy_out(self, fd: int, data: bytes) -> None:
+        try:
+            sent = os.write(fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # the worker is gone: nobody reads the copy any more
+            return
+        if sent < len(data):
+            self.copies_dropped += len(data) - sent
+
+    def _keep(self, data: bytes) -> None:
+        self._tail += data
+        excess = len(self._tail) - self._tail_bytes
+        if excess > 0:
+            del self._tail[:excess]
+
+
+def open_tee(tail_bytes: int, real: tuple[int, int] = (1, 2)) -> tuple[Tee, Feed]:
+    """Make the pipes before fork: the parent keeps the `Tee`, the child the `Feed`."""
+    reads: list[int] = []
+    writes: list[int] = []
+    copy_reads: list[int] = []
+    copy_writes: list[int] = []
+    for _ in (1, 2):
+        r, w = os.pipe()
+        grow_pipe(w)
+        os.set_blocking(r, False)
+        reads.append(r)
+        writes.append(w)
+        cr, cw = os.pipe()
+        grow_pipe(cw)
+        os.set_blocking(cw, False)
+        copy_reads.append(cr)
+        copy_writes.append(cw)
+    seq = shared_page("trio_worker-tee")
+    tee = Tee(
+        (reads[0], reads[1]),
+        (writes[0], writes[1]),
+        (copy_writes[0], copy_writes[1]),
+        seq,
+        tail_bytes,
+        real,
+    )
+    feed = Feed((copy_reads[0], copy_reads[1]), (reads[0], reads[1]), seq[1])
+    return tee, feed
+
+
+def adopt_feed(tee: Tee, feed: Feed) -> None:
+    """In the child, right after fork: fds 1/2 become the watched pipes; the parent's
+    ends are closed (the upstream read ends are kept, for FIONREAD only)."""
+    for fd, write_end in zip((1, 2), tee._writes, strict=True):
+        os.dup2(write_end, fd)
+        os.close(write_end)
+    for fd in tee._copy.values():
+        os.close(fd)
+
+
+def close_feed_ends(feed: Feed) -> None:
+    """In the parent, right after fork: the child reads the copies."""
+    for fd in feed.copies:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            wait_writable(fd)
+        except OSError as exc:
+            if exc.errno == errno.EINTR:
+                continue
+            return  # the real stdout is gone; the tail is still kept

@@ -1,0 +1,176 @@
+"""The take and settle records: how the watchdog knows which jobs the worker holds.
+
+See docs/design.md §13. The worker writes one line per change of its ledger to a pipe
+the watchdog reads: ``T <id>`` when a job is admitted, ``S <id>`` when it leaves the ledger
+(its report acknowledged or given up, the job stopped or released), ids hex-encoded, and
+``R`` once the initializer finished. Nothing else of a job passes through the watchdog, so
+it is on no job's path.
+
+The writes come from the event loop, so they never block: the pipe is ``O_NONBLOCK`` and
+a record that does not fit waits in a bounded buffer, sent ahead of the next one. If that
+buffer overflows (the watchdog stopped reading), the buffered records are dropped and the
+next record to get through is preceded by ``X``. Losing a record fails safe: at ``X`` the
+watchdog forgets every job it thought held, since any of them may have been settled in
+the lost records. A lost record can cost a crash report, never duplicate one: a second
+job-done could overwrite a result the caller already has.
+
+A worker can die with records still in its buffer, or before its ``X`` got through. So the
+writer also keeps, in a page of memory shared with the watchdog (``State``), whether it
+holds unsent records and how many times it dropped some; a watchdog whose pipe did not
+tell it everything forgets the held jobs (:meth:`Ledger.trust`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+import struct
+from collections import deque
+
+_STATE = struct.Struct("QQ")  # unsent records (0/1), overflows so far
+
+__all__ = ["Ledger", "RecordWriter", "ready", "settle", "take"]
+
+TAKE = "T"
+SETTLE = "S"
+READY = "R"
+LOST = "X"
+MAX_BUFFERED = 64 * 1024
+
+
+class RecordWriter:
+    """The worker's end of the record pipe (non-blocking, bounded)."""
+
+    def __init__(
+        self, fd: int, max_buffered: int = MAX_BUFFERED, state: mmap.mmap | None = None
+    ) -> None:
+        self._fd = fd
+        self._pending: deque[bytes] = deque()
+        self._buffered = 0
+        self._max = max_buffered
+        self._lost = False
+        self._overflows = 0
+        self._state = state if state is not None else new_state()
+
+    def write(self, kind: str, job_id: str) -> None:
+        # Hex: any id fits on one line, and the watchdog decodes it without importing json.
+        line = f"{kind} {job_id.encode(errors='surrogatepass').hex()}\n".encode()
+        if len(line) > select.PIPE_BUF:
+            # Only a line within PIPE_BUF is written whole or not at all, so the watchdog
+            # never sees half a record. Such an id is never recorded, take nor settle: the
+            # job goes unwatched, which is safe (no report rather than a second one).
+            return
+        if self._lost:
+            self._pending.append(f"{LOST} \n".encode())
+            self._buffered += 3  # the pipe takes each record whole or not at all
+            self._lost = False
+        self._pending.append(line)
+        self._buffered += len(line)
+        self._send()
+        if self._buffered > self._max:
+            self._pending.clear()
+            self._buffered = 0
+            self._lost = True
+            self._overflows += 1
+        _STATE.pack_into(self._state, 0, int(bool(self._pending)), self._overflows)
+
+    def _send(self) -> None:
+        while self._pending:
+            head = self._pending[0]
+            try:
+                sent = os.write(self._fd, head)
+            except BlockingIOError:
+                return
+            except OSError:  # the watchdog is gone: nobody to tell
+                self._pending.clear()
+                self._buffered = 0
+                return
+            self._buffered -= sent
+            self._pending.popleft()
+
+
+def new_state() -> mmap.mmap:
+    """A page for a writer nobody watches (tests); the watched worker's is shared."""
+    return mmap.mmap(-1, mmap.PAGESIZE)
+
+
+class Ledger:
+    """The watchdog's view: the ids held, in order of admission."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, None] = {}
+        self.ready = False  # the initializer finished
+        self.settled = 0
+        self.lost = 0
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            if raw:
+                self._apply(raw)
+
+    def trust(self, state: mmap.mmap) -> bool:
+        """After the worker died: False (and nothing held any more) when the pipe did not
+        carry every record: some were still buffered, or dropped with no ``X`` seen."""
+        unsent, overflows = _STATE.unpack_from(state)
+        if unsent or overflows > self.lost:
+            self.held.clear()
+            return False
+        return True
+
+    def _apply(self, raw: bytes) -> None:
+        kind, _, rest = raw.decode(errors="replace").partition(" ")
+        if kind == READY:
+            self.ready = True
+            return
+        if kind == LOST:
+            self.lost += 1
+            self.held.clear()
+            return
+        try:
+            job_id = bytes.fromhex(rest).decode(errors="surrogatepass")
+        except ValueError:
+            return
+        if kind == TAKE:
+            self.held[job_id] = None
+        elif kind == SETTLE and self.held.pop(job_id, 0) is None:
+            self.settled += 1
+
+
+_writer: RecordWriter | None = None
+
+
+def install(fd: int, state: mmap.mmap) -> None:
+    global _writer
+    os.set_blocking(fd, False)
+    _writer = RecordWriter(fd, state=state)
+
+
+def uninstall() -> None:
+    global _writer
+    if _writer is not None:
+        with contextlib.suppress(OSError):
+            os.close(_writer._fd)
+    _writer = None
+
+
+def take(job_id: str) -> None:
+    """A job entered the ledger (no-op unless the worker is watched)."""
+    if _writer is not None:
+        _writer.write(TAKE, job_id)
+
+
+def ready() -> None:
+    """The initializer finished (no-op unless the worker is watched)."""
+    if _writer is not None:
+        _writer.write(READY, "")
+
+
+def settle(job_id: str) -> None:
+    """A job left the ledger (no-op unless the worker is watched)."""
+    if _writer is not None:
+        _writer.write(SETTLE, job_id)

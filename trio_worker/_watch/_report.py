@@ -1,0 +1,206 @@
+"""The watchdog's report for each job a dead worker held (docs/design.md §13).
+
+The cause comes from what survives the worker: its wait status, the output tail the
+watchdog kept, and the kernel's own accounting of OOM kills. The category follows the
+rules of docs/error-categories.md (the "WorkerCrashed" rows):
+
+1. ``out_of_memory`` for SIGKILL when the kernel says it killed for memory: the cgroup's
+   ``memory.events`` counted an ``oom_kill`` since the worker started, or the kernel log
+   (``/dev/kmsg``, when readable) names the worker's pid;
+2. a CUDA line in the last output: whatever that line says (``cuda_error``, or
+   ``out_of_memory`` for "CUDA out of memory", as the table orders them);
+3. ``segfault`` for a fatal signal from native code (SIGSEGV, SIGBUS, SIGABRT, SIGILL,
+   SIGFPE);
+4. otherwise the usual rules on the output (``unknown`` when none matches).
+
+The bodies are built by the same builder as every other error (``json_error_body``):
+redacted, clipped, under 64 KiB. They are posted with the worker's own delivery rules
+(``Delivery``: the budget, retries, ``Retry-After``) cut by the watchdog's grace, while a
+ping keeps listing the jobs still to report, as the worker's own pings did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._categories import classify_crash
+from .._errors import WorkerIdentity, encode_body, json_error_body
+from .._version import __version__
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from typing import NoReturn
+
+    from .._config import Settings
+    from .._shutdown_plan import ShutdownPlan
+
+log = logging.getLogger("trio_worker")
+
+_FAULT_WORDS = {
+    signal.SIGSEGV: "a segmentation fault",
+    signal.SIGBUS: "a bus error",
+    signal.SIGABRT: "an abort",
+    signal.SIGILL: "an illegal instruction",
+    signal.SIGFPE: "an arithmetic fault",
+    signal.SIGKILL: "killed outright: the kernel's OOM killer, or a kill -9",
+}
+_KMSG_RECORDS = 20_000  # bound on the kernel log read at a crash
+
+
+def describe_exit(code: int) -> str:
+    """``killed by SIGSEGV (signal 11: a segmentation fault)`` or ``exited with status 3``:
+    *code* as ``os.waitstatus_to_exitcode`` gives it (negative: a signal)."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"killed by signal {-code}"
+    words = _FAULT_WORDS.get(sig)
+    return f"killed by {sig.name} (signal {-code}{': ' + words if words else ''})"
+
+
+def crash_body(
+    job_id: str, code: int, output: str, *, oom_killed: bool, during_init: bool, settings: Settings
+) -> bytes:
+    platform = settings.platform
+    identity = WorkerIdentity(platform.worker_id, platform.hostname, __version__)
+    where = "while its initializer was running" if during_init else "while holding this job"
+    message = (
+        f"The worker process {describe_exit(code)} {where} (job {job_id}), before it "
+        "could report. No code in that process could run any more: the crash watchdog, its "
+        "parent process, reports it. The last output of the worker is in logs."
+    )
+    body = json_error_body(
+        error_type="WorkerCrashed",
+        message=message,
+        traceback="",
+        category=classify_crash(code, output, oom_killed=oom_killed),
+        logs=output,
+        identity=identity,
+        redactor=settings.redactor,
+    )
+    return encode_body(body)
+
+
+async def report_held(
+    settings: Settings,
+    bodies: dict[str, bytes],
+    *,
+    leave_now: Callable[[], NoReturn],
+) -> dict[str, bool]:
+    """Post every body, pinging with the ids still to report; ``{job_id: delivered}``.
+
+    The reports get the worker's own rules under one shutdown plan: its delivery budget,
+    cut by ``shutdown_grace`` from now. A SIGTERM or SIGINT meanwhile cuts the reports at
+    once (each still gets ``report_deadline`` from its start, as the worker's own); a
+    second one calls *leave_now*, as a second signal ends the worker at once.
+    """
+    from .._delivery import Delivery
+    from .._platform._client import PlatformClient
+    from .._platform._heartbeat import heartbeat_task
+    from .._shutdown_plan import ShutdownPlan
+
+    client = PlatformClient(settings.platform, settings.timings)
+    plan = ShutdownPlan(settings.timings)
+    plan.drain("the worker died; reporting the jobs it held", now=trio.current_time())
+    delivery = Delivery(settings, client, plan)
+    remaining = dict.fromkeys(bodies)
+    outcome: dict[str, bool] = {}
+
+    async def one(job_id: str) -> None:
+        outcome[job_id] = await delivery.deliver(job_id, bodies[job_id], is_stream=False)
+        remaining.pop(job_id, None)
+
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                ping = settings.platform.ping_url
+                if ping:
+                    nursery.start_soon(
+                        heartbeat_task,
+                        client.polls,
+                        ping,
+                        settings.platform.ping_interval,
+                        lambda: tuple(remaining),
+                    )
+                nursery.start_soon(_cut_on_signal, signals, plan, leave_now)
+                async with trio.open_nursery() as reports:
+                    for job_id in bodies:
+                        reports.start_soon(one, job_id)
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.move_on_after(settings.timings.sync_close_bound) as closing:
+            closing.shield = True
+            await client.aclose()
+    return outcome
+
+
+async def _cut_on_signal(
+    signals: AsyncIterator[int], plan: ShutdownPlan, leave_now: Callable[[], NoReturn]
+) -> None:
+    seen = 0
+    async for signum in signals:
+        seen += 1
+        log.warning("crash watchdog: %s while reporting", signal.Signals(signum).name)
+        if seen > 1:
+            leave_now()
+        plan.cut(signal.Signals(signum).name, now=trio.current_time())
+
+
+def oom_kills() -> int | None:
+    """The cgroup's ``oom_kill`` count (v2 ``memory.events``, or v1), None when unreadable."""
+    for path in _memory_event_files():
+        with contextlib.suppress(OSError, ValueError):
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    return None
+
+
+def _memory_event_files() -> list[Path]:
+    files: list[Path] = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hierarchy, controllers, path = line.split(":", 2)
+            if hierarchy == "0":
+                files.append(Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events")
+            elif "memory" in controllers.split(","):
+                base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+                files.append(base / "memory.oom_control")
+    files.append(Path("/sys/fs/cgroup/memory.events"))
+    return files
+
+
+def kernel_says_oom_killed(pid: int) -> bool:
+    """Whether the kernel log (``/dev/kmsg``, often unreadable in a container) records
+    the OOM killer taking *pid*."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    needles = (f"killed process {pid} ", f",pid={pid},")
+    try:
+        for _ in range(_KMSG_RECORDS):
+            try:
+                record = os.read(fd, 8192).decode(errors="replace").lower()
+            except BlockingIOError:
+                return False
+            except OSError:  # EPIPE: a record was overwritten while reading; go on
+                continue
+            if not record:
+                return False
+            if "oom" in record or "killed process" in record:
+                if any(needle in record for needle in needles):
+                    return True
+        return False
+    finally:
+        os.close(fd)
