@@ -74,6 +74,7 @@ async def handler(job):
 trio_worker.start(
     handler,
     initializer=init,
+    async_backend="trio",  # the handler is trio code
     concurrency=int(os.environ.get("CONCURRENCY", "1")),
     crash_watch=os.environ.get("CRASH_WATCH", "1") == "1",
     timings=trio_worker.Timings(shutdown_grace=float(os.environ.get("GRACE", "5"))),

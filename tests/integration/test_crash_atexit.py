@@ -45,6 +45,7 @@ async def handler(job):
 trio_worker.start(
     handler,
     initializer=init,
+    async_backend="trio",  # the handler is trio code
     refresh_worker=bool(os.environ.get("REFRESH")),
     timings=trio_worker.Timings(shutdown_grace=0.2, exit_flush_watchdog=1.0),
 )
