@@ -12,7 +12,12 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
   build the payloads. None of these imports anything above it.
 - ``_fitness/`` runs the fitness checks before the first take (``register_fitness_check``,
   the built-in checks, the unhealthy ping; docs/reference.md, "Fitness checks").
-- ``testing/`` is the fake platform, independent of the worker's code.
+- ``_backends`` is the one place the trio and asyncio backends differ; ``_shutdown_plan``
+  the one owner of stopping; ``_watch/`` the crash watchdog the process becomes at
+  ``start()`` (docs/design.md §13).
+- ``_endpoint/`` is the local endpoint (``trio-worker dev``, ``--rp_serve_api``), which
+  imports nothing else of the package; ``testing/`` builds the fake platform on it, and no
+  product module imports ``testing/``.
 
 >>> import trio_worker
 >>> def handler(job): return {"echo": job["input"]}
