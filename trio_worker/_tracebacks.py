@@ -1,0 +1,124 @@
+"""Naming an exception and formatting its traceback for an error report.
+
+What the person reading a failed job needs is their own code's frames: the frames a
+handler's exception passes through before it reaches the user's code (trio_worker's
+runner, trio's thread machinery, outcome, asyncio's task steps) are the same for every job,
+so they are left out with a line saying how many. Neither function ever raises: a
+pathological exception must not lose the report it belongs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import traceback
+
+import outcome
+import trio
+
+__all__ = ["error_type_name", "format_traceback", "safe_str"]
+
+
+def error_type_name(exc: BaseException) -> str:
+    """The exception's class, named as a reader would import it.
+
+    Built-in exceptions and classes of the ``__main__`` module by their plain name
+    (``"RuntimeError"``, as the reference's init payload), others qualified by their module
+    (``"torch.OutOfMemoryError"``), so a name like ``Error`` stays meaningful. The module
+    path stops before its first private part, where libraries re-export their exceptions:
+    ``httpx._exceptions.ConnectError`` is ``"httpx.ConnectError"``. (The reference's
+    handler payload used ``str(type(exc))``, ``"<class 'ValueError'>"``, docs/protocol.md §8 #25.)
+    """
+    cls = type(exc)
+    module = cls.__module__ if isinstance(cls.__module__, str) else ""
+    if module in ("builtins", "__main__", ""):
+        return cls.__qualname__
+    public: list[str] = []
+    for part in module.split("."):
+        if part.startswith("_"):
+            break
+        public.append(part)
+    return ".".join([*public, cls.__qualname__])
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The traceback of *exc*, its causes, contexts and exception-group members, each
+    starting at the user's code.
+
+    The frames a handler's exception passes through before it reaches the user's code
+    (trio_worker's runner, trio's thread machinery, outcome, asyncio's task steps) are
+    the same for every job and say nothing about the failure; they are left out, with a
+    line saying how many. A traceback made only of such frames (an error of the SDK's
+    own) is kept whole.
+    """
+    try:
+        summary = traceback.TracebackException.from_exception(exc)
+        _elide_sdk_frames(summary)
+        return "".join(summary.format())
+    except Exception as failure:  # a pathological exception must not lose the report
+        return f"{error_type_name(exc)}: {safe_str(exc)}\n(traceback unavailable: {failure!r})"
+
+
+def _package_dir(path: str | None) -> str:
+    return os.path.dirname(os.path.abspath(str(path))) + os.sep
+
+
+# The packages whose frames lead up to a handler call, by the directory their frames' file
+# names start with (absolute paths of the modules as imported).
+_SDK_DIRS = {
+    _package_dir(__file__): "trio_worker",
+    _package_dir(trio.__file__): "trio",
+    _package_dir(outcome.__file__): "outcome",
+    _package_dir(asyncio.__file__): "asyncio",
+}
+_SDK_PREFIXES = tuple(_SDK_DIRS)
+
+
+def _package_of(filename: str) -> str | None:
+    for prefix, name in _SDK_DIRS.items():
+        if filename.startswith(prefix):
+            return name
+    return None
+
+
+class _ElidedStack(traceback.StackSummary):
+    """A stack whose leading SDK frames were removed; its first line says how many."""
+
+    note = ""
+
+    def format(self) -> list[str]:
+        return [self.note, *super().format()]
+
+
+def _elide_sdk_frames(summary: traceback.TracebackException) -> None:
+    seen: set[int] = set()
+    todo = [summary]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        frames = list(current.stack)
+        leading = 0
+        while leading < len(frames) and frames[leading].filename.startswith(_SDK_PREFIXES):
+            leading += 1
+        if 0 < leading < len(frames):
+            stack = _ElidedStack(frames[leading:])
+            stack.note = _elided_note(frames[:leading])
+            current.stack = stack
+        todo += [e for e in (current.__cause__, current.__context__) if e is not None]
+        todo += current.exceptions or []
+
+
+def _elided_note(frames: list[traceback.FrameSummary]) -> str:
+    names = list(dict.fromkeys(_package_of(f.filename) or "?" for f in frames))
+    packages = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    noun = "frame" if len(frames) == 1 else "frames"
+    return f"  ({len(frames)} {noun} of {packages} elided)\n"
+
+
+def safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: str() failed>"
