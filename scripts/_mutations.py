@@ -77,7 +77,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "report-posted-twice",
-        "_platform/_client.py _attempt: after a 2xx answer the report is posted once more",
+        "_platform/_client.py post_once: after a 2xx answer the report is posted once more",
         (
             Patch(
                 "trio_worker/_platform/_client.py",

@@ -17,7 +17,7 @@ import trio
 import trio_worker
 import trio_worker.testing
 from trio_worker._config import Timings
-from trio_worker._pacing import RATE_LIMIT_JITTER, FoldedLog, rate_limit_wait
+from trio_worker._pacing import RATE_LIMIT_JITTER, FoldedLog, backoff_delay, rate_limit_wait
 from trio_worker.testing import FakePlatform, Fault
 
 HOSTILE_RETRY_AFTER = [0.0, -5.0, math.nan]
@@ -119,3 +119,18 @@ def test_folded_log_writes_the_first_line_and_then_the_count(
         "take rate limited; pausing 1.0s (599 more like it in the last 60s)",
         "another line",
     ]
+
+
+# --- the backoff after a failure (long-polls and reports) -------------------------------
+
+
+def test_backoff_delay_never_overflows() -> None:
+    assert 0.0 <= backoff_delay(100_000, 0.1, 2.0) <= 2.0
+
+
+@pytest.mark.parametrize("attempt", range(8))
+def test_backoff_delay_is_full_jitter_within_the_capped_bound(attempt: int) -> None:
+    bound = min(3.0, 0.1 * 2**attempt)
+    samples = [backoff_delay(attempt, 0.1, 3.0) for _ in range(200)]
+    assert all(0.0 <= s <= bound for s in samples)
+    assert max(samples) > bound / 2  # really spread over the range

@@ -26,6 +26,7 @@ from trio_worker._exceptions import PlatformError, RateLimited, TransportError
 from trio_worker._platform._client import (
     USER_AGENT,
     PlatformClient,
+    ReportOutcome,
 )
 from trio_worker.testing import memory_network
 from trio_worker.testing._http_server import AbortConnection, ASGIApp, Receive, Scope, Send
@@ -247,7 +248,7 @@ async def test_take_non_json_answer_is_garbled() -> None:
     [
         ("7", 7.0),
         ("0.5", 0.5),
-        ("120", 60.0),
+        ("120", 120.0),  # as asked: the cap is rate_limit_wait's, the one rule
         ("-3", None),
         ("nan", None),
         ("inf", None),
@@ -258,15 +259,16 @@ async def test_take_non_json_answer_is_garbled() -> None:
 async def test_429_raises_rate_limited_honouring_retry_after(
     header: str | None, expected: float | None
 ) -> None:
-    timings = Timings(rate_limit_pause=4.0)
     headers = {} if header is None else {"Retry-After": header}
     fake = FakePlatform([httpx.Response(429, headers=headers)])
-    async with client_for(fake, timings) as client:
+    async with client_for(fake) as client:
         with pytest.raises(RateLimited) as single:
             await client.take(1, in_progress=False)
         with pytest.raises(RateLimited) as batch:
             await client.take(2, in_progress=False)
-    assert single.value.retry_after == (4.0 if expected is None else expected)
+    # The raw parse: the take loop's wait (floor, cap, jitter, rate_limit_pause when none
+    # was said) is rate_limit_wait's (tests/test_pacing.py).
+    assert single.value.retry_after == expected
     assert single.value.status == 429
     assert isinstance(single.value, PlatformError)
     assert single.value.route == "take"
@@ -300,6 +302,36 @@ async def test_take_with_undecodable_body_is_a_handled_error() -> None:
     assert response.empty
 
 
+# --- post_once: one attempt at a report -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "asked", "error"),
+    [
+        (httpx.Response(200), 200, None, None),
+        (httpx.Response(503, headers={"Retry-After": "1000"}), 503, 1000.0, "HTTP 503"),
+        (httpx.Response(429, headers={"Retry-After": "0"}), 429, 0.0, "HTTP 429"),
+        (httpx.Response(429, headers={"Retry-After": "nan"}), 429, None, "HTTP 429"),
+        (httpx.Response(500, headers={"Retry-After": "5"}), 500, None, "HTTP 500"),
+        (httpx.ConnectError("down"), None, None, "closed the connection before answering"),
+    ],
+)
+async def test_post_once_makes_one_attempt_and_records_it_as_answered(
+    reply: Reply, status: int | None, asked: float | None, error: str | None
+) -> None:
+    fake = FakePlatform([reply, httpx.Response(200)])
+    outcome = ReportOutcome(attempts=2, retry_after=7.0)
+    async with client_for(fake) as client:
+        assert await client.post_once(DONE_URL, b"{}", 10.0, outcome) == status
+    assert len(fake.seen) == 1  # retrying is the delivery's (tests/test_report_retries.py)
+    assert outcome.attempts == 3
+    assert outcome.delivered is (status == 200)
+    # Retry-After as parsed, no floor or cap of the client's; only a 429's or a 503's.
+    assert outcome.retry_after == asked
+    assert (error is None) is (outcome.last_error is None)
+    assert error is None or error in (outcome.last_error or "")
+
+
 # --- headers ------------------------------------------------------------------------------
 
 
@@ -308,7 +340,7 @@ async def test_authorization_is_the_raw_key_on_every_route() -> None:
     async with client_for(fake) as client:
         await client.take(1, in_progress=False)
         await client.poll_stop()
-        await client.post_report(DONE_URL, b"{}", job_id="j1")
+        await client.post_once(DONE_URL, b"{}", 10.0, ReportOutcome())
     assert len(fake.seen) == 3
     for seen in fake.seen:
         assert seen.request.headers["authorization"] == KEY
@@ -399,7 +431,7 @@ async def test_aclose_closes_both_clients() -> None:
     with pytest.raises(RuntimeError):
         await client.take(1, in_progress=False)
     with pytest.raises(RuntimeError):
-        await client.post_report(DONE_URL, b"{}", job_id="j1")
+        await client.post_once(DONE_URL, b"{}", 10.0, ReportOutcome())
     assert fake.seen == []
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import trio
 
-from ._platform._client import ReportOutcome, is_retryable, report_retry_after
+from ._platform._client import ReportOutcome, asked_pause, is_retryable
 
 if TYPE_CHECKING:
     from ._delivery import Delivery
@@ -130,7 +130,7 @@ class ChunkConvoy:
             return verdicts
         url = delivery.settings.platform.stream_url(job_id)
         answers = await self.send([(url, body) for body in bodies])
-        wait = 0.0
+        asked: float | None = None
         for index, answer in enumerate(answers):
             status = answer.status
             if 200 <= status < 300:
@@ -138,13 +138,14 @@ class ChunkConvoy:
             elif not is_retryable(status):
                 _log_lost(job_id, 1, f"HTTP {status}")
                 verdicts[index] = False
-            elif status in (429, 503):
-                wait = max(wait, report_retry_after(answer) or 0.0)
-        if wait and None in verdicts:
-            # A 429 or 503 asked for a pause: the chunks go again after it, as a report
-            # retried on its own would (within the stream's budget and the shutdown plan).
+            elif (seconds := asked_pause(answer)) is not None:
+                asked = seconds if asked is None else max(asked, seconds)
+        if asked is not None and None in verdicts:
+            # A 429 or 503 asked for a pause: the chunks go again after it, paced as a
+            # report retried on its own would be (the delivery's one rule, within the
+            # stream's budget and the shutdown plan).
             bound = delivery.timings.report_attempt_bound(len(bodies[0]))
-            until = min(trio.current_time() + wait, retry_until)
+            until = min(trio.current_time() + delivery.retry_wait(1, asked), retry_until)
             await delivery.plan.wait_to_retry(until, bound)
         return verdicts
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import WorkerIdentity, encode_body, json_error_body
-from ._platform._client import ReportOutcome, backoff_delay, is_retryable
+from ._pacing import backoff_delay, rate_limit_wait
+from ._platform._client import ReportOutcome, is_retryable
 from ._progress import ProgressPosts
 from ._version import __version__
 
@@ -61,22 +62,15 @@ class Delivery:
         retry: when it says yes (a newer progress update is waiting), the report is
         abandoned.
         """
-        timings = self.timings
-        bound = timings.report_attempt_bound(len(body))
+        bound = self.timings.report_attempt_bound(len(body))
         while True:
-            status = await _attempt(self.client, url, body, bound, outcome)
+            status = await self.client.post_once(url, body, bound, outcome)
             if outcome.delivered or (status is not None and not is_retryable(status)):
                 return
             if superseded is not None and superseded():
                 outcome.last_error = f"{outcome.last_error}; superseded by a newer update"
                 return
-            delay = backoff_delay(
-                outcome.attempts - 1, timings.error_backoff_min, timings.report_backoff_max
-            )
-            if outcome.retry_after is not None:
-                # As asked, never less than the backoff: "Retry-After: 0" must not make a
-                # hot loop of a budget with no attempt limit.
-                delay = max(outcome.retry_after, delay)
+            delay = self.retry_wait(outcome.attempts, outcome.retry_after)
             if _worth_logging(outcome.attempts):
                 log.warning(
                     "report for job %s failed (%s, attempt %d); retrying in %.2fs",
@@ -86,6 +80,20 @@ class Delivery:
                     delay,
                 )
             await self.plan.wait_to_retry(trio.current_time() + delay, bound)
+
+    def retry_wait(self, attempts: int, retry_after: float | None) -> float:
+        """Seconds before the next attempt, after *attempts* failed: the backoff, or, when
+        the last answer carried a ``Retry-After`` (*retry_after*, as parsed), the one rule
+        every route follows for it (:func:`~trio_worker._pacing.rate_limit_wait`: floor,
+        cap, jitter), never less than the backoff. The caller waits through
+        :meth:`ShutdownPlan.wait_to_retry`, which cuts the wait to leave room for one last
+        attempt before its deadline.
+        """
+        timings = self.timings
+        delay = backoff_delay(attempts - 1, timings.error_backoff_min, timings.report_backoff_max)
+        if retry_after is None:
+            return delay
+        return max(rate_limit_wait(retry_after, timings), delay)
 
     # -- the terminal report ---------------------------------------------------------------
 
@@ -156,17 +164,6 @@ class Delivery:
         if _asks_stop_pod(body):
             notice["stopPod"] = True
         return encode_body(notice)
-
-
-async def _attempt(
-    client: PlatformClient, url: str, body: bytes, bound: float, outcome: ReportOutcome
-) -> int | None:
-    """One POST under its own timeout: the status answered, or None for none.
-
-    The platform client's single attempt (its error mapping, its ``Retry-After`` parse);
-    the retries around it are :meth:`Delivery.post`'s.
-    """
-    return await client._attempt(url, body, bound, outcome)
 
 
 def _worth_logging(attempt: int) -> bool:

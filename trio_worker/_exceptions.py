@@ -93,9 +93,14 @@ class PlatformError(TrioWorkerError):
 
 
 class RateLimited(PlatformError):
-    """The platform answered 429; wait ``retry_after`` seconds before asking again."""
+    """The platform answered 429.
 
-    def __init__(self, route: str, retry_after: float) -> None:
+    ``retry_after`` is its ``Retry-After`` as parsed, in seconds, with no floor or cap
+    applied (None when absent or unreadable): the wait before asking again is
+    :func:`~trio_worker._pacing.rate_limit_wait`'s, the one rule for every route.
+    """
+
+    def __init__(self, route: str, retry_after: float | None) -> None:
         super().__init__(route, 429)
         self.retry_after = retry_after
 

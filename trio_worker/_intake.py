@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._pacing import FoldedLog, rate_limit_wait
-from ._platform._client import backoff_delay
+from ._pacing import FoldedLog, backoff_delay, rate_limit_wait
 
 if TYPE_CHECKING:
     from ._config import Timings

@@ -1,12 +1,18 @@
-"""Pacing what the platform and a failing loop can make the worker do: one rule for the
-wait a ``Retry-After`` asks for, and one way to fold a repeated log line.
+"""Pacing what the platform and a failing loop can make the worker do: one backoff after
+a failure, one rule for the wait a ``Retry-After`` asks for, and one way to fold a repeated
+log line.
 
 Theory of operation
 -------------------
-Every route that honours ``Retry-After`` (take, stop, reports) waits
+A failure worth another attempt waits :func:`backoff_delay`: full-jitter exponential
+backoff, the long-polls' (``error_backoff_max``) and the reports' (``report_backoff_max``).
+Every route that honours ``Retry-After`` (take, stop, job-done, job-stream, progress) waits
 :func:`rate_limit_wait`: what was asked, raised to a floor and lowered to a cap, then
 stretched by up to ``RATE_LIMIT_JITTER`` so workers limited together do not come back
-together. A 429 with ``Retry-After: 0``, ``-5`` or ``nan`` once made the take and stop
+together. A report never waits less than its backoff, and the shutdown plan cuts its wait
+to leave room for one last attempt (:meth:`~trio_worker._delivery.Delivery.retry_wait`).
+
+A 429 with ``Retry-After: 0``, ``-5`` or ``nan`` once made the take and stop
 loops spin at about 4,500 requests a second (docs/security.md): the floor makes any
 answer cost at least ``Timings.rate_limit_floor``.
 
@@ -34,6 +40,16 @@ if TYPE_CHECKING:
 # asked for at least that long.
 RATE_LIMIT_JITTER = 0.2
 DEFAULT_FOLD_WINDOW = 60.0
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
+
+    >>> 0.0 <= backoff_delay(3, 0.1, 2.0) <= 0.8
+    True
+    """
+    # The exponent is clamped: an outage of hours must not overflow a float.
+    return random.uniform(0, min(cap, base * (2 ** min(max(attempt, 0), 64))))
 
 
 def rate_limit_wait(

@@ -1,6 +1,7 @@
 """The client side of the worker protocol (docs/protocol.md).
 
-* ``_client``: `PlatformClient`, the routes (take, stop, done, stream) and report retries.
+* ``_client``: `PlatformClient`, the routes (take, stop, done, stream), each one attempt,
+  and the one ``Retry-After`` parser (the retries are ``_delivery``'s, the waits ``_pacing``'s).
 * ``_wire``: parsing take and stop answers into jobs, malformed items and warnings.
 * ``_http``: picks the client: the lean one, or the httpx adapter behind a proxy.
 * ``_lean``, ``_connection``, ``_reading``, ``_request``, ``_answer``: the lean HTTP/1.1

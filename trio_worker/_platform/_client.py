@@ -4,11 +4,11 @@ Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, st
 progress) the other. Cancelling a long-poll can leak a pool slot under contention
 (encode/httpcore#1093), and a report must never wait behind that.
 
-Every request here is a single attempt except :meth:`PlatformClient.post_report`, which
-retries connect errors, timeouts, 408, 429 and 5xx with exponential backoff and full jitter
-until the caller's deadline: the caller bounds the total time with a (shielded) cancel
-scope, so the budget runs on trio's clock (MockClock-native) rather than on
-``time.monotonic``, and can be shortened from outside (a shutdown) while it runs.
+Every request here is a single attempt: what is worth another, and when, is decided
+elsewhere, once (the reports' retries in :meth:`~trio_worker._delivery.Delivery.post`, the
+long-polls' pauses in :mod:`trio_worker._intake`, both waits paced by
+:mod:`trio_worker._pacing`). A ``Retry-After`` is parsed here (:func:`retry_after`) and
+handed on as asked, with no floor or cap of this module's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import functools
 import logging
 import math
 import platform
-import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,8 +31,6 @@ from ._http import HttpResponse, PipeliningBackend, make_backend
 from ._wire import TakeResponse, parse_oversized_take, parse_stop, parse_take
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from .._config import PlatformConfig, Timings
     from ._http import BackendWrapper, StreamOpener
 
@@ -51,22 +48,6 @@ REPORT_ANSWER_KEEP = 4096
 def is_retryable(status: int) -> bool:
     """408, 429 and every 5xx are worth another attempt (docs/design.md §5)."""
     return status >= 500 or status in (408, 429)
-
-
-# A take or stop paused by a 429 waits at most this long (a report's wait is bounded by
-# its budget instead).
-POLL_RETRY_AFTER_CAP = 60.0
-
-
-def _poll_pause(response: HttpResponse, default: float) -> float:
-    asked = retry_after(response)
-    return default if asked is None else min(asked, POLL_RETRY_AFTER_CAP)
-
-
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    # The exponent is clamped: an outage of hours must not overflow a float.
-    return random.uniform(0, min(cap, base * (2 ** min(max(attempt, 0), 64))))
 
 
 class PlatformClient:
@@ -144,7 +125,7 @@ class PlatformClient:
         if status in (204, 400):
             return TakeResponse()
         if status == 429:
-            raise RateLimited(route, _poll_pause(response, self.timings.rate_limit_pause))
+            raise RateLimited(route, retry_after(response))
         if not 200 <= status < 300:
             raise PlatformError(route, status)
         return parse_take(status, response.headers.get("content-type", ""), response.body)
@@ -163,7 +144,7 @@ class PlatformClient:
         if status == 204:
             return []
         if status == 429:
-            raise RateLimited("stop", _poll_pause(response, self.timings.rate_limit_pause))
+            raise RateLimited("stop", retry_after(response))
         if not 200 <= status < 300:
             raise PlatformError("stop", status)
         ids, warning = parse_stop(response.headers.get("content-type", ""), response.body)
@@ -172,46 +153,6 @@ class PlatformClient:
         return ids
 
     # -- reports --------------------------------------------------------------------------
-
-    async def post_report(
-        self,
-        url: str,
-        body: bytes,
-        *,
-        job_id: str,
-        outcome: ReportOutcome | None = None,
-        superseded: Callable[[], bool] | None = None,
-    ) -> ReportOutcome:
-        """POST one report until it is acknowledged, refused for good, or time runs out.
-
-        Never raises for platform trouble. There is no attempt limit: the caller's cancel
-        scope bounds the whole (the job's delivery budget, docs/design.md §5), and this
-        loop reads that deadline to honour ``Retry-After`` within what is left. Each
-        attempt has its own timeout, grown with the body's size, so one hung connection
-        costs one attempt. *outcome*, when given, is filled in as attempts are made, so a
-        caller whose scope ran out still knows how many were made and the last error.
-        *superseded* is asked before each retry: when it says yes (a newer progress
-        update is waiting), the report is abandoned.
-        """
-        outcome = ReportOutcome() if outcome is None else outcome
-        bound = self.timings.report_attempt_bound(len(body))
-        while True:
-            status = await self._attempt(url, body, bound, outcome)
-            if outcome.delivered or (status is not None and not is_retryable(status)):
-                return outcome
-            if superseded is not None and superseded():
-                outcome.last_error = f"{outcome.last_error}; superseded by a newer update"
-                return outcome
-            delay = self._retry_delay(outcome, bound)
-            if _worth_logging(outcome.attempts):
-                log.warning(
-                    "report for job %s failed (%s, attempt %d); retrying in %.2fs",
-                    job_id,
-                    outcome.last_error,
-                    outcome.attempts,
-                    delay,
-                )
-            await trio.sleep(delay)
 
     async def post_pipelined(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
         """One attempt at every ``(url, body)`` POST, pipelined on one connection: the
@@ -254,10 +195,17 @@ class PlatformClient:
         """Whether stream chunks may still be pipelined (see :meth:`post_pipelined`)."""
         return self._pipelining is not None
 
-    async def _attempt(
+    async def post_once(
         self, url: str, body: bytes, bound: float, outcome: ReportOutcome
     ) -> int | None:
-        """One POST under its own timeout; the status answered, or None for none."""
+        """One POST of a report (or a stream chunk) within *bound* seconds: the status
+        answered, or None for none. Never raises for platform trouble.
+
+        *outcome* counts the attempt and records how it went: acknowledged (any 2xx), the
+        status, the error (a transport error's text, or "no answer within" the bound: one
+        hung connection costs one attempt), and, on a 429 or 503, the ``Retry-After``
+        asked for, as parsed (None when absent or unreadable).
+        """
         outcome.attempts += 1
         outcome.retry_after = None
         with trio.move_on_after(bound) as scope:
@@ -275,22 +223,8 @@ class PlatformClient:
             outcome.delivered, outcome.last_error = True, None
         else:
             outcome.last_error = f"HTTP {status}"
-            if status == 429 or status == 503:
-                outcome.retry_after = retry_after(response)
+            outcome.retry_after = asked_pause(response)
         return status
-
-    def _retry_delay(self, outcome: ReportOutcome, bound: float) -> float:
-        timings = self.timings
-        delay = backoff_delay(
-            outcome.attempts - 1, timings.error_backoff_min, timings.report_backoff_max
-        )
-        if outcome.retry_after is None:
-            return delay
-        # Wait as asked (never less than the backoff: "Retry-After: 0" must not make a hot
-        # loop of a budget with no attempt limit), but leave time for one more attempt
-        # before the budget ends.
-        remaining = trio.current_effective_deadline() - trio.current_time()
-        return max(0.0, min(max(outcome.retry_after, delay), remaining - bound))
 
 
 @dataclass
@@ -304,9 +238,16 @@ class ReportOutcome:
     retry_after: float | None = field(default=None, repr=False)
 
 
+def asked_pause(response: HttpResponse) -> float | None:
+    """The ``Retry-After`` of a report's (or a stream chunk's) 429 or 503, as parsed: the
+    answers that ask a report to wait (docs/protocol.md §2.3). None for any other answer."""
+    return retry_after(response) if response.status in (429, 503) else None
+
+
 def retry_after(response: HttpResponse) -> float | None:
     """The wait an answer's ``Retry-After`` asks for, in seconds: the one parser of that
-    header for every route (what a route then does with it, floor or cap, is its own).
+    header for every route. Its floor, cap and jitter are applied in one place,
+    :func:`~trio_worker._pacing.rate_limit_wait`, for every route.
 
     Delta-seconds (a fraction is taken too) or an HTTP date (one already past asks for
     no wait). None when the header is absent or invalid: negative, not finite, garbage,
@@ -329,12 +270,3 @@ def retry_after(response: HttpResponse) -> float | None:
     if not math.isfinite(seconds) or seconds < 0:
         return None
     return seconds
-
-
-#: The former name of :func:`retry_after`, kept for callers not moved yet.
-report_retry_after = retry_after
-
-
-def _worth_logging(attempt: int) -> bool:
-    """Attempts 1, 2, 4, 8, ...: an outage of minutes is visible without a line a second."""
-    return attempt & (attempt - 1) == 0
