@@ -129,10 +129,12 @@ async def test_checks_pass_then_the_worker_takes_and_serves(
         with trio.fail_after(30):
             record = await platform.fake.wait_for_status(job_id, "COMPLETED")
         assert record.output == {"echo": "hi"}
-        assert worker.output.index("user check ran") < worker.output.index("fitness checks passed")
-        assert "model_files_present, _memory_check, _disk_check, _network_check" in worker.output
         assert not [p for p in platform.fake.pings if p.query.get("status") == "unhealthy"]
         assert await worker.stop() == 0
+        # Read once the process is gone: its output reaches us through the crash watchdog's
+        # tee, a moment after the job's report.
+        assert worker.output.index("user check ran") < worker.output.index("fitness checks passed")
+        assert "model_files_present, _memory_check, _disk_check, _network_check" in worker.output
     finally:
         await kill_all([worker])
 
