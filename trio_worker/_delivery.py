@@ -1,3 +1,26 @@
+"""Posting what the worker owes the platform for a job (docs/design.md §5).
+
+Theory of operation
+-------------------
+:meth:`Delivery.post` is the one retry policy of every report: a job's terminal report,
+the small ``ResultRefused`` report after a 400 or 413, progress updates
+(``_progress.py``) and stream chunks sent again on their own (``_chunk_convoy.py``). Each
+attempt is one :meth:`~._platform._client.PlatformClient.post_once` under its own timeout,
+grown with the body's size, so one hung connection costs one attempt, not the budget.
+Between attempts it waits the jittered backoff, or what a ``Retry-After`` asked within the
+one floor and cap of every route (``_pacing.rate_limit_wait``), never less than the
+backoff; the wait is cut by the shutdown plan (``_shutdown_plan.py``) so that one last
+attempt still fits before the deadline it reads.
+
+A terminal report runs under a shield (docs/design.md §4 I5) bound to the plan: its
+deadline is the job's delivery budget, ``report_budget`` from the moment its report starts,
+cut to the plan's deadline when the worker stops, but never to less than
+``report_deadline`` from its start, so the report of a job cut at the end of the grace
+still gets its chance. The job stays held meanwhile (the driver settles it only when
+:meth:`Delivery.deliver` returns), so it keeps its slot and its id in every ping. A loss is
+logged loudly with the job id.
+"""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import WorkerIdentity, encode_body, json_error_body
+from ._errors import WorkerIdentity, encode_body, refused_result_body
 from ._pacing import backoff_delay, rate_limit_wait
 from ._platform._client import ReportOutcome, is_retryable
 from ._progress import ProgressPosts
@@ -146,18 +169,11 @@ class Delivery:
         outcome.last_error = refusal.last_error and f"{refusal.last_error} (refusal report)"
 
     def _refusal_body(self, job_id: str, status: int, body: bytes) -> bytes:
-        message = (
-            f"The platform refused the result of job {job_id} with HTTP {status} "
-            f"({REFUSED[status]}): the report was {len(body)} bytes. The result is lost; "
-            "for 413, return a smaller result (store large outputs elsewhere and return a "
-            "reference)."
-        )
-        notice = json_error_body(
-            error_type="ResultRefused",
-            message=message,
-            traceback="",
-            category="unknown",
-            logs="",
+        notice = refused_result_body(
+            job_id=job_id,
+            status=status,
+            reason=REFUSED[status],
+            size=len(body),
             identity=self.identity,
             redactor=self.settings.redactor,
         )

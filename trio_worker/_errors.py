@@ -51,6 +51,7 @@ __all__ = [
     "MAX_FIELD_CHARS",
     "WorkerIdentity",
     "clip",
+    "crashed_body",
     "encode_body",
     "error_type_name",
     "format_traceback",
@@ -58,6 +59,7 @@ __all__ = [
     "handler_error_body",
     "init_failed_body",
     "json_error_body",
+    "refused_result_body",
     "safe_str",
     "shutdown_error_body",
 ]
@@ -231,6 +233,63 @@ def shutdown_error_body(
         traceback="",
         category="worker_shutdown",
         logs="",
+        identity=identity,
+        redactor=redactor,
+    )
+
+
+def refused_result_body(
+    *,
+    job_id: str,
+    status: int,
+    reason: str,
+    size: int,
+    identity: WorkerIdentity,
+    redactor: Redactor,
+) -> dict[str, Any]:
+    """The small report that replaces a result the platform refused for good (400, 413),
+    so the caller still learns the outcome (docs/design.md §5)."""
+    message = (
+        f"The platform refused the result of job {job_id} with HTTP {status} "
+        f"({reason}): the report was {size} bytes. The result is lost; "
+        "for 413, return a smaller result (store large outputs elsewhere and return a "
+        "reference)."
+    )
+    return json_error_body(
+        error_type="ResultRefused",
+        message=message,
+        traceback="",
+        category="unknown",
+        logs="",
+        identity=identity,
+        redactor=redactor,
+    )
+
+
+def crashed_body(
+    *,
+    job_id: str,
+    how: str,
+    during_init: bool,
+    category: str,
+    logs: str,
+    identity: WorkerIdentity,
+    redactor: Redactor,
+) -> dict[str, Any]:
+    """The report the crash watchdog sends for a job a dead worker held (docs/design.md
+    §13); *how* says how the process ended ("killed by SIGSEGV ...")."""
+    where = "while its initializer was running" if during_init else "while holding this job"
+    message = (
+        f"The worker process {how} {where} (job {job_id}), before it "
+        "could report. No code in that process could run any more: the crash watchdog, its "
+        "parent process, reports it. The last output of the worker is in logs."
+    )
+    return json_error_body(
+        error_type="WorkerCrashed",
+        message=message,
+        traceback="",
+        category=category,
+        logs=logs,
         identity=identity,
         redactor=redactor,
     )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._categories import classify_crash
-from .._errors import WorkerIdentity, encode_body, json_error_body
+from .._errors import WorkerIdentity, crashed_body, encode_body
 from .._version import __version__
 
 if TYPE_CHECKING:
@@ -71,20 +71,13 @@ def crash_body(
     job_id: str, code: int, output: str, *, oom_killed: bool, during_init: bool, settings: Settings
 ) -> bytes:
     platform = settings.platform
-    identity = WorkerIdentity(platform.worker_id, platform.hostname, __version__)
-    where = "while its initializer was running" if during_init else "while holding this job"
-    message = (
-        f"The worker process {describe_exit(code)} {where} (job {job_id}), before it "
-        "could report. No code in that process could run any more: the crash watchdog, its "
-        "parent process, reports it. The last output of the worker is in logs."
-    )
-    body = json_error_body(
-        error_type="WorkerCrashed",
-        message=message,
-        traceback="",
+    body = crashed_body(
+        job_id=job_id,
+        how=describe_exit(code),
+        during_init=during_init,
         category=classify_crash(code, output, oom_killed=oom_killed),
         logs=output,
-        identity=identity,
+        identity=WorkerIdentity(platform.worker_id, platform.hostname, __version__),
         redactor=settings.redactor,
     )
     return encode_body(body)
