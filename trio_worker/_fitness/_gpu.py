@@ -93,10 +93,13 @@ async def _end(process: trio.Process) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             process.kill()
-    for pipe in (process.stdin, process.stdout):
-        if pipe is not None:
-            await trio.aclose_forcefully(pipe)
+    # One shielded, bounded cleanup: in a cancelled task (the check's bound, a shutdown)
+    # an unshielded aclose_forcefully re-raises the outer cancellation, and the wait that
+    # reaps the child would never run.
     with trio.move_on_after(_REAP_BOUND, shield=True):
+        for pipe in (process.stdin, process.stdout):
+            if pipe is not None:
+                await trio.aclose_forcefully(pipe)
         await process.wait()
 
 
@@ -260,8 +263,9 @@ class GpuProbe:
         if process is None:
             return
         if not kill and process.stdin is not None:
-            await trio.aclose_forcefully(process.stdin)
+            # Shielded as a whole, as in _end: closing its input is what asks it to leave.
             with trio.move_on_after(_REAP_BOUND, shield=True):
+                await trio.aclose_forcefully(process.stdin)
                 await process.wait()
         await _end(process)
 
