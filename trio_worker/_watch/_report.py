@@ -130,9 +130,8 @@ async def report_held(
                         reports.start_soon(one, job_id)
                 nursery.cancel_scope.cancel()
     finally:
-        with trio.move_on_after(settings.timings.sync_close_bound) as closing:
-            closing.shield = True
-            await client.aclose()
+        # The client closes every connection even when cancelled, as the worker relies on.
+        await client.aclose()
     return outcome
 
 
