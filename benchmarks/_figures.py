@@ -164,6 +164,16 @@ class Bench:
         path.unlink(missing_ok=True)
         return path
 
+    def wait_first_job_done(self, worker: Spawned) -> None:
+        """Until the platform has the first job's report (at most 60 s; the worker must
+        stay alive meanwhile)."""
+        deadline = time.monotonic() + 60
+        while self.platform.progress()["finished"] < 1:
+            worker.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"first job not done in 60 s:\n{worker.log_tail()}")
+            time.sleep(0.01)
+
     def wait_until_taken(self, worker: Spawned, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while self.platform.progress()["handed_out"] == 0:
@@ -265,12 +275,7 @@ def startup(bench: Bench, sdk: Sdk) -> Result:
         bench.platform.reset(1, take_hold=5.0)
         worker = bench.start_worker(sdk, "noop", 1, **checks)
         try:
-            deadline = time.monotonic() + 60
-            while bench.platform.progress()["finished"] < 1:
-                worker.check_alive()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"first job not done in 60 s:\n{worker.log_tail()}")
-                time.sleep(0.01)
+            bench.wait_first_job_done(worker)
             time.sleep(s.idle_settle)
             rss = tree_rss(worker.pid)
             if rss is not None:
@@ -306,12 +311,7 @@ def _first_take_unchecked(bench: Bench, sdk: Sdk) -> float:
     bench.platform.reset(1, take_hold=5.0)
     worker = bench.start_worker(sdk, "noop", 1)
     try:
-        deadline = time.monotonic() + 60
-        while bench.platform.progress()["finished"] < 1:
-            worker.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"first job not done in 60 s:\n{worker.log_tail()}")
-            time.sleep(0.01)
+        bench.wait_first_job_done(worker)
         return float(bench.platform.report()["first_request"]["take"] - worker.spawned_at)
     finally:
         kill_group(worker)

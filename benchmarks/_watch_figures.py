@@ -45,12 +45,7 @@ def _start_once(bench: Bench, sdk: Sdk, env: dict[str, str]) -> dict[str, Any]:
     bench.platform.reset(1, take_hold=5.0)
     worker = bench.start_worker(sdk, "noop", 1, **env)
     try:
-        deadline = time.monotonic() + 60
-        while bench.platform.progress()["finished"] < 1:
-            worker.check_alive()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"first job not done in 60 s:\n{worker.log_tail()}")
-            time.sleep(0.01)
+        bench.wait_first_job_done(worker)
         time.sleep(bench.settings.idle_settle)
         report = bench.platform.report()
         children = descendants(worker.pid)
