@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 GRACEFUL_PROBE = """
 import sys, time
 sys.stdin.read()
-time.sleep(0.3)
+time.sleep(0.05)
 open(MARKER, "w").write("left cleanly")
 """
 
@@ -60,7 +60,7 @@ async def test_a_tool_cancelled_from_outside_is_killed_and_reaped(
 
     monkeypatch.setattr(_gpu, "_open", recording_open)
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
-    with trio.move_on_after(0.2):
+    with trio.move_on_after(0.05):
         await _gpu.run_tool(hang, dict(os.environ), bound=30.0)
     (process,) = opened
     # Popen's own record, which only a wait (or poll) sets: trio's ``returncode`` property
