@@ -163,6 +163,34 @@ def cpu_split(pid: int) -> tuple[float, float] | None:
     return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
 
 
+def tree_cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of *pid* plus its live descendants."""
+    user = system = 0.0
+    for each in (pid, *descendants(pid)):
+        split = cpu_split(each)
+        if split is not None:
+            user, system = user + split[0], system + split[1]
+    return user, system
+
+
+def worker_process(pid: int) -> int:
+    """The pid running the worker's event loop, spawned as *pid*.
+
+    trio_worker's crash watch forks at start: the spawned process execs the watchdog and
+    its child goes on as the worker. Without the watch (or for the reference) it is *pid*.
+    """
+    children = descendants(pid)
+    exec_watchdog = b"\x00-S\x00-c\x00" in _cmdline(pid)  # see trio_worker/_watch/_watchdog.py
+    return children[0] if children and exec_watchdog else pid
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of *pid* (not its children) in seconds; None if it is gone."""
     split = cpu_split(pid)

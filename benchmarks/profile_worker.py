@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from benchmarks import _figures, _sdks
 from benchmarks._platform import PlatformProcess
-from benchmarks._procs import cpu_split, kill_group
+from benchmarks._procs import kill_group, tree_cpu_split, worker_process
 from benchmarks._report import machine_info, wait_quiet
 
 if TYPE_CHECKING:
@@ -256,19 +256,22 @@ def profile_worker(
     platform_out = out / f"platform-{name}.txt"
     try:
         bench.wait_until_taken(worker)
+        # With the crash watch on (the default), the spawned pid became the watchdog and
+        # the worker is its child: sample the worker, count the CPU of the whole tree.
+        sampled = worker_process(worker.pid)
         spies = [
-            PySpy(pyspy, worker.pid, worker_out, rate),
+            PySpy(pyspy, sampled, worker_out, rate),
             # The platform at a fifth of the rate: py-spy itself needs CPU, and the
             # platform's profile only has to say which layer its time goes to.
             PySpy(pyspy, platform.popen.pid, platform_out, max(rate // 5, 50)),
         ]
         time.sleep(0.3)  # let py-spy attach before the CPU clock starts
-        split0 = cpu_split(worker.pid) or (0.0, 0.0)
+        split0 = tree_cpu_split(worker.pid)
         platform_cpu0 = platform.cpu_seconds()
         done0, t0 = platform.progress()["finished"], time.perf_counter()
         final = platform.wait_for("finished", jobs, timeout=300, poll=0.1)
         seconds = time.perf_counter() - t0
-        split1 = cpu_split(worker.pid) or (0.0, 0.0)
+        split1 = tree_cpu_split(worker.pid)
         user, system = split1[0] - split0[0], split1[1] - split0[1]
         worker_cpu = user + system
         platform_cpu = platform.cpu_seconds() - platform_cpu0

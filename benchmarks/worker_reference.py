@@ -35,6 +35,10 @@ async def noop(job: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "n": job["input"].get("n")}
 
 
+def noop_sync(job: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": True, "n": job["input"].get("n")}
+
+
 async def stream(job: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
     for i in range(CHUNKS):
         yield {"i": i}
@@ -60,6 +64,7 @@ async def wait_for_stop(job: dict[str, Any]) -> dict[str, Any]:
 if __name__ == "__main__":
     handlers = {
         "noop": noop,
+        "noop_sync": noop_sync,
         "stream": stream,
         "stream_paced": stream_paced,
         "stop": wait_for_stop,

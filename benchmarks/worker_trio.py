@@ -4,6 +4,7 @@
 reference SDK, so both answer the same jobs with the same handlers:
 
 * ``noop``: an async handler returning a small dict;
+* ``noop_sync``: the same handler as a plain function (run in a worker thread);
 * ``stream``: an async generator yielding ``BENCH_CHUNKS`` small chunks;
 * ``stream_paced``: the same, one chunk every ``BENCH_CHUNK_INTERVAL`` seconds, each chunk
   carrying the wall-clock time of its ``yield`` (for yield-to-receipt latency);
@@ -66,6 +67,10 @@ async def noop(job: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "n": job["input"].get("n")}
 
 
+def noop_sync(job: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": True, "n": job["input"].get("n")}
+
+
 async def stream(job: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
     for i in range(CHUNKS):
         yield {"i": i}
@@ -102,6 +107,7 @@ if __name__ == "__main__":
         )
     handlers = {
         "noop": noop,
+        "noop_sync": noop_sync,
         "stream": stream,
         "stream_paced": stream_paced,
         "stop": wait_for_stop,
