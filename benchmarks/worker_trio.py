@@ -14,21 +14,24 @@ reference SDK, so both answer the same jobs with the same handlers:
   wall-clock time of its failure to ``BENCH_MARK_FILE``, then raises.
 
 ``BENCH_BACKEND`` ("trio" by default, or "asyncio") is the worker's ``async_backend``; the
-handlers sleep on whichever loop runs them.
+handlers sleep on whichever loop runs them. ``BENCH_REPO``, if set, is the checkout whose
+``trio_worker`` runs instead of this file's own (``run.py --against``: an older commit,
+whose ``start`` may have no ``async_backend``; it then runs on trio, its only backend).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-# The checkout this file lives in, not whatever trio_worker the interpreter has installed
-# (the harness strips PYTHONPATH from a worker's environment).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The checkout this file lives in (or BENCH_REPO's), not whatever trio_worker the interpreter
+# has installed (the harness strips PYTHONPATH from a worker's environment).
+sys.path.insert(0, os.environ.get("BENCH_REPO") or str(Path(__file__).resolve().parents[1]))
 
 import sniffio
 import trio
@@ -37,6 +40,9 @@ import trio_worker
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+if os.environ.get("BENCH_REPO") and not str(trio_worker.__file__).startswith(sys.path[0]):
+    raise SystemExit(f"BENCH_REPO is set, but trio_worker came from {trio_worker.__file__}")
 
 SCENARIO = os.environ.get("BENCH_SCENARIO", "noop")
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))
@@ -101,10 +107,11 @@ async def failing_init() -> None:
 
 
 if __name__ == "__main__":
+    options: dict[str, Any] = {}
+    if "async_backend" in inspect.signature(trio_worker.start).parameters:
+        options["async_backend"] = BACKEND
     if SCENARIO == "initfail":
-        trio_worker.start(
-            noop, initializer=failing_init, concurrency=CONCURRENCY, async_backend=BACKEND
-        )
+        trio_worker.start(noop, initializer=failing_init, concurrency=CONCURRENCY, **options)
     handlers = {
         "noop": noop,
         "noop_sync": noop_sync,
@@ -114,5 +121,5 @@ if __name__ == "__main__":
     }
     trio_worker.start(
         {"handler": handlers[SCENARIO], "concurrency_modifier": lambda current: CONCURRENCY},
-        async_backend=BACKEND,
+        **options,
     )
