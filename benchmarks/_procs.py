@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -287,3 +287,25 @@ class LoadMonitor(threading.Thread):
         self._stop_event.set()
         self.join(timeout=5)
         return self.summary()
+
+
+def cpu_busy(seconds: float = 1.0) -> float | None:
+    """Percent of all CPUs busy over *seconds* (from /proc/stat)."""
+    first = busy_ticks()
+    time.sleep(seconds)
+    second = busy_ticks()
+    if first is None or second is None or second[0] == first[0]:
+        return None
+    return round(100 * (second[1] - first[1]) / (second[0] - first[0]), 1)
+
+
+def wait_quiet(timeout: float, say: Callable[[str], None], limit: float = 10.0) -> float | None:
+    """Wait up to *timeout* s for the machine to be under *limit* % busy; the last reading."""
+    busy = cpu_busy()
+    deadline = time.monotonic() + timeout
+    while busy is not None and busy >= limit and time.monotonic() < deadline:
+        say(f"waiting for a quiet machine ({busy}% busy) ...")
+        busy = cpu_busy(2.0)
+    if busy is not None and busy > 15:
+        say(f"warning: the machine is {busy}% busy; figures will be noisy")
+    return busy

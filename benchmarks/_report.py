@@ -7,13 +7,10 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-
-from benchmarks._procs import busy_ticks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -219,8 +216,6 @@ ROWS: tuple[Row, ...] = (
         "ms",
         "lower",
         ("paced", "latency_ms", "p99"),
-        "< 5 ms",
-        lambda r, _: (_value(r, ("paced", "latency_ms", "p99")) or 1e9) < 5,
     ),
     Row("import", "import time (-X importtime)", "ms", "lower", ("import_ms",)),
     Row("sigterm", "SIGTERM → exit, idle worker", "s", "lower", ("startup", "sigterm_exit_s")),
@@ -326,8 +321,13 @@ def _sigterm_text(result: Result, text: str) -> str:
 
 
 def markdown(
-    rows: list[Result], machine: Result, settings: Result, results: dict[str, Result]
+    rows: list[Result],
+    machine: Result,
+    settings: Result,
+    results: dict[str, Result],
+    targets: str = "",
 ) -> str:
+    """The run's header, then the *targets* table (``_targets.markdown``), then the rows."""
     ref_name = f"runpod {machine['runpod']}" if machine.get("runpod") else "reference"
     lines = [
         "| figure | trio_worker | " + ref_name + " | ratio | target (docs/design.md §11) | met |",
@@ -368,9 +368,16 @@ def markdown(
         f"{settings['reference_seconds']:g} s per concurrency; medians of "
         f"{settings['start_repeats']} start-ups, {settings['stop_jobs']} stops, "
         f"{settings['init_repeats']} init failures; {settings['stream_chunks']} chunks "
-        "per streamed job."
+        "per streamed job. Marginal CPU: "
+        f"{' and '.join(map(str, settings.get('paced_chunks', [])))} chunks per paced stream, "
+        f"{' and '.join(map(str, settings.get('noop_cpu_jobs', [])))} no-op sync jobs "
+        f"(the reference: {' and '.join(map(str, settings.get('reference_cpu_seconds', [])))} "
+        f"s after its first take); the floor {settings.get('floor_jobs')} jobs; against "
+        f"{settings.get('against') or 'no older commit'}, "
+        f"{settings.get('against_rounds')} alternating pair(s)."
     )
-    return f"{header}\n\n{sizes} {busy}\n\n" + "\n".join(lines) + "\n"
+    top = f"{targets}\n" if targets else ""
+    return f"{header}\n\n{sizes} {busy}\n\n{top}" + "\n".join(lines) + "\n"
 
 
 def _version(name: str) -> str:
@@ -403,28 +410,6 @@ def _commit() -> str | None:
     except OSError:
         return None
     return out.stdout.strip() or None
-
-
-def cpu_busy(seconds: float = 1.0) -> float | None:
-    """Percent of all CPUs busy over *seconds* (from /proc/stat)."""
-    first = busy_ticks()
-    time.sleep(seconds)
-    second = busy_ticks()
-    if first is None or second is None or second[0] == first[0]:
-        return None
-    return round(100 * (second[1] - first[1]) / (second[0] - first[0]), 1)
-
-
-def wait_quiet(timeout: float, say: Callable[[str], None], limit: float = 10.0) -> float | None:
-    """Wait up to *timeout* s for the machine to be under *limit* % busy; the last reading."""
-    busy = cpu_busy()
-    deadline = time.monotonic() + timeout
-    while busy is not None and busy >= limit and time.monotonic() < deadline:
-        say(f"waiting for a quiet machine ({busy}% busy) ...")
-        busy = cpu_busy(2.0)
-    if busy is not None and busy > 15:
-        say(f"warning: the machine is {busy}% busy; figures will be noisy")
-    return busy
 
 
 def machine_info(reference: Sdk | None) -> Result:

@@ -32,9 +32,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import _figures, _sdks
+from benchmarks._cpu_figures import run_floor
 from benchmarks._platform import PlatformProcess
-from benchmarks._procs import kill_group, tree_cpu_split, worker_process
-from benchmarks._report import machine_info, wait_quiet
+from benchmarks._procs import kill_group, tree_cpu_split, wait_quiet, worker_process
+from benchmarks._report import machine_info
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -297,21 +298,6 @@ def profile_worker(
         "worker": summarize_worker(worker_out),
         "platform": summarize_platform(platform_out),
     }
-
-
-def run_floor(platform: PlatformProcess, mode: str, jobs: int, loops: int) -> dict[str, Any]:
-    platform.reset(jobs, take_hold=0.0)
-    cpu0 = platform.cpu_seconds()
-    result = subprocess.run(
-        [sys.executable, str(HERE / "floor_client.py"), mode, platform.url, str(jobs), str(loops)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    answer: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    answer["platform_cpu_ms_per_job"] = (platform.cpu_seconds() - cpu0) * 1000 / answer["jobs"]
-    return answer
 
 
 def import_report(env: dict[str, str], repeats: int = 5) -> dict[str, Any]:

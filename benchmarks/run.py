@@ -26,9 +26,20 @@ from typing import TYPE_CHECKING, Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import _figures, _report, _sdks, _watch_figures
+from benchmarks import (
+    _against,
+    _check,
+    _cpu_figures,
+    _figures,
+    _life_figures,
+    _report,
+    _sdks,
+    _stream_figures,
+    _targets,
+    _watch_figures,
+)
 from benchmarks._platform import PlatformProcess
-from benchmarks._procs import LoadMonitor
+from benchmarks._procs import LoadMonitor, wait_quiet
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -75,8 +86,31 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the worker logs (their folder is printed)"
     )
+    parser.add_argument(
+        "--against",
+        default=_against.FIRST_WAVE,
+        metavar="COMMIT",
+        help="also measure no-op jobs/s at c=8 alternately on COMMIT (a throwaway git "
+        "worktree) and on this checkout; default %(default)s (the first wave); '' skips it",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run trio_worker's figures and compare them with --baseline: exit 1 if any is "
+        "more than 20%% worse, 2 if the baseline is of another machine class or size; "
+        "writes nothing unless --output-dir is given",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=RESULTS / "latest.json",
+        help="the table --check compares with (default: the committed one)",
+    )
     args = parser.parse_args(argv)
-    args.publish = args.output_dir is None and not args.quick
+    if args.check and args.quick:
+        parser.error("--check runs the full sizes of the committed table: no --quick")
+    args.publish = args.output_dir is None and not args.quick and not args.check
+    args.write = args.output_dir is not None or not args.check
     if args.output_dir is None:
         args.output_dir = RESULTS / "quick" if args.quick else RESULTS
     if args.jobs is not None and args.jobs < 1:
@@ -84,8 +118,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _attempt(name: str, results: dict[str, Any], key: str, fn: Callable[[], Any]) -> None:
-    """Run one figure; a failure is recorded and reported, and the run goes on."""
+def _attempt(
+    name: str,
+    results: dict[str, Any],
+    key: str,
+    fn: Callable[[], Any],
+    spans: dict[str, tuple[float, float]] | None = None,
+) -> None:
+    """Run one figure; a failure is recorded and reported, and the run goes on. Its span
+    (monotonic start and end) goes into *spans*, for the machine's load meanwhile."""
     started = time.monotonic()
     try:
         results[key] = fn()
@@ -93,13 +134,29 @@ def _attempt(name: str, results: dict[str, Any], key: str, fn: Callable[[], Any]
         results[key] = {"error": f"{type(exc).__name__}: {exc}"}
         say(f"  {name}: FAILED: {type(exc).__name__}: {exc}")
         return
+    finally:
+        if spans is not None:
+            spans[key] = (started, time.monotonic())
     say(f"  {name}: done in {time.monotonic() - started:.1f} s")
 
 
-def run_sdk(bench: _figures.Bench, sdk: _sdks.Sdk) -> dict[str, Any]:
+def run_sdk(
+    bench: _figures.Bench,
+    sdk: _sdks.Sdk,
+    spans: dict[str, tuple[float, float]],
+    *,
+    against: str = "",
+    check: bool = False,
+) -> dict[str, Any]:
+    """Every figure of *sdk*. ``check``: leave out the slowest (the crash watch pairs)."""
     say(f"{sdk.label} {sdk.version}:")
     bench.warm_up(sdk)
     results: dict[str, Any] = {"version": sdk.version}
+    trio = sdk.key == "trio_worker"
+
+    def attempt(name: str, key: str, fn: Callable[[], Any]) -> None:
+        _attempt(name, results, key, fn, spans)
+
     throughput: dict[str, Any] = {}
     for concurrency in bench.settings.concurrencies:
         _attempt(
@@ -107,36 +164,50 @@ def run_sdk(bench: _figures.Bench, sdk: _sdks.Sdk) -> dict[str, Any]:
             throughput,
             str(concurrency),
             partial(_figures.throughput, bench, sdk, concurrency),
+            spans,
         )
     results["throughput"] = throughput
-    _attempt("start-up, idle memory", results, "startup", lambda: _figures.startup(bench, sdk))
-    _attempt("stop signal", results, "stop", lambda: _figures.stop_signal(bench, sdk))
-    _attempt("streaming", results, "stream", lambda: _figures.streaming(bench, sdk))
-    _attempt("64 streams", results, "streams", lambda: _figures.many_streams(bench, sdk))
-    _attempt("64 paced streams", results, "paced", lambda: _figures.paced_streams(bench, sdk))
-    if sdk.key == "trio_worker":
-        _attempt("init failure", results, "init_failure", lambda: _figures.init_failure(bench, sdk))
-        _attempt(
+    attempt("start-up, idle memory", "startup", partial(_life_figures.startup, bench, sdk))
+    attempt("stop signal", "stop", partial(_life_figures.stop_signal, bench, sdk))
+    attempt("streaming", "stream", partial(_stream_figures.streaming, bench, sdk))
+    attempt("64 streams", "streams", partial(_stream_figures.many_streams, bench, sdk))
+    # The long run of the CPU-per-chunk pair is the paced-streams latency figure.
+    attempt(
+        "64 paced streams, CPU per chunk", "paced", partial(_cpu_figures.paced_with_cpu, bench, sdk)
+    )
+    attempt("CPU per no-op sync job, c=8", "noop_cpu", partial(_cpu_figures.noop_cpu, bench, sdk))
+    if trio:
+        # The floor belongs to no SDK; it is kept with trio_worker's figures, its target.
+        attempt("the floor (raw socket loop)", "floor", partial(_cpu_figures.floor, bench))
+        attempt(
+            "64 paced streams, CPU per chunk, trio backend",
+            "paced_trio",
+            partial(_cpu_figures.paced_with_cpu, bench, sdk, "trio"),
+        )
+        attempt("init failure", "init_failure", partial(_life_figures.init_failure, bench, sdk))
+        attempt(
             "throughput c=8, trio and asyncio backends alternating",
-            results,
             "backends_c8",
             partial(_figures.backend_pair, bench, sdk, 8),
         )
-        _attempt(
+        attempt(
             "64 streams, trio backend",
-            results,
             "streams_trio",
-            partial(_figures.many_streams, bench, sdk, "trio"),
+            partial(_stream_figures.many_streams, bench, sdk, "trio"),
         )
-        # The crash watchdog's cost: docs/design.md §13.
-        _attempt(
-            "crash watch on/off",
-            results,
-            "crash_watch",
-            partial(_watch_figures.crash_watch, bench, sdk),
-        )
-        if "error" not in results["crash_watch"]:
-            say(_watch_figures.summary(results["crash_watch"]))
+        if against:
+            attempt(
+                f"throughput c=8, alternating with {against}",
+                "against",
+                partial(_against.against, bench, sdk, against),
+            )
+        if not check:
+            # The crash watchdog's cost: docs/design.md §13.
+            attempt(
+                "crash watch on/off", "crash_watch", partial(_watch_figures.crash_watch, bench, sdk)
+            )
+            if "error" not in results["crash_watch"]:
+                say(_watch_figures.summary(results["crash_watch"]))
     results["import_ms"] = _import_ms(bench, sdk)
     return results
 
@@ -204,28 +275,51 @@ def update_docs(table: str, docs: Path = DOCS) -> bool:
     return True
 
 
+def _baseline(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The committed table --check compares with; None (after saying why) if it cannot."""
+    try:
+        baseline: dict[str, Any] = json.loads(args.baseline.read_text())
+    except (OSError, ValueError) as exc:
+        say(f"--check: no baseline at {args.baseline}: {exc}")
+        return None
+    mismatch = _check.compare(baseline, {"machine": _report.machine_info(None)})
+    if not mismatch.comparable:
+        say(f"--check: {mismatch.reason}; nothing to compare with (exit 2)")
+        return None
+    return baseline
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     settings = _figures.Settings.for_run(args.quick, args.jobs)
+    baseline: dict[str, Any] | None = None
+    if args.check:
+        baseline = _baseline(args)
+        if baseline is None:
+            return _check.NOT_COMPARABLE
     reference: _sdks.Sdk | None = None
-    if args.with_reference:
+    if args.with_reference and not args.check:
         reference = _sdks.reference_sdk(say)
         if reference is None:
             say("the reference SDK is not available: running trio_worker only")
     sdks = [_sdks.trio_worker_sdk()] + ([reference] if reference is not None else [])
-    busy_before = _report.wait_quiet(args.wait_quiet, say)
+    busy_before = wait_quiet(args.wait_quiet, say)
     started = time.monotonic()  # the run proper: not the install, not the wait
     monitor = LoadMonitor()
     monitor.start()
     workdir = Path(tempfile.mkdtemp(prefix="trio-worker-bench-"))
     results: dict[str, Any] = {}
+    spans: dict[str, dict[str, tuple[float, float]]] = {}
     failed = False
     try:
         with PlatformProcess(workdir) as platform:
             bench = _figures.Bench(platform, workdir, settings, say)
             for sdk in sdks:
                 sdk_started = time.monotonic()
-                results[sdk.key] = run_sdk(bench, sdk)
+                spans[sdk.key] = {}
+                results[sdk.key] = run_sdk(
+                    bench, sdk, spans[sdk.key], against=args.against, check=args.check
+                )
                 # A sample covers the interval before it was taken.
                 end = time.monotonic() + monitor.interval
                 load = monitor.summary(sdk_started + monitor.interval, end)
@@ -241,6 +335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = _report.machine_info(reference)
     machine["busy_before_pct"] = busy_before
     machine["others_during_run"] = monitor.stop()
+    for key, figure_spans in spans.items():
+        results[key]["loads"] = {
+            figure: monitor.summary(start + monitor.interval, end + monitor.interval)
+            for figure, (start, end) in figure_spans.items()
+        }
     settings_dict = {
         "quick": settings.quick,
         "jobs": settings.jobs,
@@ -249,27 +348,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         "stop_jobs": settings.stop_jobs,
         "init_repeats": settings.init_repeats,
         "stream_chunks": settings.stream_chunks,
-        "with_reference": args.with_reference,
+        "paced_chunks": [settings.paced_short_chunks, settings.paced_chunks],
+        "noop_cpu_jobs": [settings.short_jobs, settings.jobs],
+        "reference_cpu_seconds": list(settings.reference_cpu_seconds),
+        "floor_jobs": settings.floor_jobs,
+        "against": args.against,
+        "against_rounds": settings.against_rounds,
+        "with_reference": reference is not None,
+        "check": args.check,
         "wall_seconds": round(time.monotonic() - started, 1),
     }
     rows = _report.build_rows(results)
-    table = _report.markdown(rows, machine, settings_dict, results)
+    targets = _targets.build_targets(results)
+    reference_name = f"runpod {machine['runpod']}" if machine.get("runpod") else "reference"
+    table = _report.markdown(
+        rows, machine, settings_dict, results, _targets.markdown(targets, reference_name)
+    )
     print(table)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "latest.md").write_text(table)
-    results_json = args.output_dir / "latest.json"
-    payload = {"machine": machine, "settings": settings_dict, "rows": rows, "results": results}
-    results_json.write_text(json.dumps(payload, indent=2) + "\n")
-    say(f"wrote {args.output_dir / 'latest.md'} and {results_json}")
-    # Only a full run with the default output publishes into docs/.
-    if args.publish and update_docs(table):
-        say(f"updated the table in {DOCS.relative_to(REPO)}")
-    if not args.no_chart:
-        chart = args.chart or (
-            REPO / "docs" / "benchmarks.png" if args.publish else args.output_dir / "benchmarks.png"
-        )
-        draw_chart(results_json, chart, may_install=not args.quick)
+    payload = {
+        "machine": machine,
+        "settings": settings_dict,
+        "targets": targets,
+        "rows": rows,
+        "results": results,
+    }
+    if args.write:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        (args.output_dir / "latest.md").write_text(table)
+        results_json = args.output_dir / "latest.json"
+        results_json.write_text(json.dumps(payload, indent=2) + "\n")
+        say(f"wrote {args.output_dir / 'latest.md'} and {results_json}")
+        # Only a full run with the default output publishes into docs/.
+        if args.publish and update_docs(table):
+            say(f"updated the table in {DOCS.relative_to(REPO)}")
+        if not args.no_chart and not args.check:
+            chart = args.chart or (
+                REPO / "docs" / "benchmarks.png"
+                if args.publish
+                else args.output_dir / "benchmarks.png"
+            )
+            draw_chart(results_json, chart, may_install=not args.quick)
     say(f"total {time.monotonic() - started:.0f} s")
+    if baseline is not None:
+        comparison = _check.compare(baseline, payload)
+        print(_check.render(comparison))
+        return comparison.exit_code
     return 0
 
 

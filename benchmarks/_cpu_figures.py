@@ -1,0 +1,112 @@
+"""CPU per streamed chunk and per no-op job, by the marginal method, and the floor.
+
+A worker's CPU time includes its start-up: the interpreter, the imports, its fitness checks,
+the fork of the crash watchdog. Per unit of work that is noise, so each figure is the
+*marginal* CPU between a short and a long run of the same kind::
+
+    CPU per unit = (cpu_long - cpu_short) / (units_long - units_short)
+
+where ``cpu`` is the CPU time of every live process of the worker's tree (trio_worker: the
+crash watchdog it execs and the worker, its child; the reference: the worker and the ping
+process it forks) from spawn to the moment the platform has the last report, read before
+the worker is killed (``_figures.measured_run``). Start-up is in both runs and cancels out.
+The reference's no-op runs go by time instead of count: it sleeps between takes, so a run of
+a fixed count would take minutes; its units are then the jobs finished at the reading.
+
+The floor is ``floor_client.py raw``: one blocking socket, prebuilt requests. Its CPU per job
+is its own ``time.process_time()`` around the take/done loop, read inside the process after
+the interpreter has started and imported everything, so start-up is already out of it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from benchmarks._figures import Result, measured_run
+from benchmarks._stream_figures import paced_streams
+
+if TYPE_CHECKING:
+    from benchmarks._figures import Bench
+    from benchmarks._platform import PlatformProcess
+    from benchmarks._sdks import Sdk
+
+FLOOR_CLIENT = Path(__file__).with_name("floor_client.py")
+
+
+def marginal_us(short: tuple[float, float], long: tuple[float, float]) -> float | None:
+    """µs of CPU per unit between two ``(cpu seconds, units)`` runs; None if the long run
+    did not do more than the short one."""
+    (cpu_short, units_short), (cpu_long, units_long) = short, long
+    if units_long <= units_short:
+        return None
+    return (cpu_long - cpu_short) * 1e6 / (units_long - units_short)
+
+
+def paced_with_cpu(bench: Bench, sdk: Sdk, backend: str = "asyncio") -> Result:
+    """The 64 paced streams figure (its long run), plus the marginal CPU per chunk against
+    a short run of the same streams (``paced_short_chunks`` each)."""
+    short = paced_streams(bench, sdk, backend, bench.settings.paced_short_chunks)
+    long = paced_streams(bench, sdk, backend)
+    us = marginal_us((short["cpu_s"], short["chunks"]), (long["cpu_s"], long["chunks"]))
+    return {
+        **long,
+        "cpu_us_per_chunk": us,
+        "short": {"chunks": short["chunks"], "cpu_s": short["cpu_s"]},
+    }
+
+
+def noop_cpu(bench: Bench, sdk: Sdk, concurrency: int = 8) -> Result:
+    """Marginal CPU per no-op job of a sync handler (scenario ``noop_sync``).
+
+    trio_worker: ``short_jobs`` then ``jobs`` preloaded jobs, each run to its last report.
+    The reference: ``reference_cpu_seconds`` (short, long) after its first take, from a
+    queue that outlasts both.
+    """
+    s = bench.settings
+    runs: list[tuple[float, float]] = []
+    if sdk.key == "reference":
+        for seconds in s.reference_cpu_seconds:
+            # More jobs than it can take in the time (about one per slot per second).
+            jobs = int(concurrency * 4 * (seconds + 5))
+            run = measured_run(bench, sdk, "noop_sync", concurrency, jobs, seconds=seconds)
+            runs.append((run.cpu_s, run.finished))
+    else:
+        for jobs in (s.short_jobs, s.jobs):
+            run = measured_run(bench, sdk, "noop_sync", concurrency, jobs)
+            runs.append((run.cpu_s, run.finished))
+    (short, long) = runs
+    return {
+        "concurrency": concurrency,
+        "cpu_us_per_job": marginal_us(short, long),
+        "by": "time" if sdk.key == "reference" else "count",
+        "short": {"cpu_s": short[0], "jobs": short[1]},
+        "long": {"cpu_s": long[0], "jobs": long[1]},
+    }
+
+
+def run_floor(platform: PlatformProcess, mode: str, jobs: int, loops: int = 1) -> Result:
+    """``floor_client.py MODE`` through *jobs* preloaded jobs: its answer (jobs/s, its CPU
+    per job), plus the platform's CPU per job."""
+    platform.reset(jobs, take_hold=0.0)
+    cpu0 = platform.cpu_seconds()
+    result = subprocess.run(
+        [sys.executable, str(FLOOR_CLIENT), mode, platform.url, str(jobs), str(loops)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    answer: Result = json.loads(result.stdout.strip().splitlines()[-1])
+    answer["platform_cpu_ms_per_job"] = (platform.cpu_seconds() - cpu0) * 1000 / answer["jobs"]
+    return answer
+
+
+def floor(bench: Bench) -> Result:
+    """The raw floor through ``floor_jobs`` jobs, with its CPU per job in µs."""
+    answer = run_floor(bench.platform, "raw", bench.settings.floor_jobs)
+    answer["cpu_us_per_job"] = answer["client_cpu_ms_per_job"] * 1000
+    return answer
