@@ -2,8 +2,10 @@
 the benchmark platform's lean HTTP front serves its clients correctly.
 
 Benchmarks are not tests: nothing here asserts a timing. It checks that a tiny run
-(``--quick --jobs 50``, trio_worker only, no chart) finishes, prints a table with every
-expected row, and that each figure is a positive number.
+(``--quick --jobs 50``, trio_worker only, no chart, ``--against HEAD``: the throwaway
+worktree of an older commit, made of this one so a shallow clone has it) finishes, prints
+both tables with every expected row, and that each figure is a positive number (a marginal
+CPU figure at these sizes may be a tick either way: it only has to be there).
 
 The front (``benchmarks/_lean_front.py``) is tested over real loopback with the real
 clock (MockClock's autojump does not count socket latency), every wait bounded by
@@ -68,10 +70,23 @@ EXPECTED_ROWS = {
 }
 
 
+EXPECTED_TARGETS = (
+    "cpu_chunk_asyncio",
+    "cpu_chunk_trio",
+    "paced_p50",
+    "paced_p99",
+    "streams64",
+    "cpu_job_sync",
+    "first_take",
+    "jobs_c8_against",
+)
+MARGINAL = {"cpu_chunk_asyncio", "cpu_chunk_trio", "cpu_job_sync"}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_quick_run_produces_the_table(tmp_path: Path) -> None:
-    argv = [sys.executable, str(RUN), "--quick", "--jobs", "50", "--no-chart"]
+    argv = [sys.executable, str(RUN), "--quick", "--jobs", "50", "--no-chart", "--against", "HEAD"]
     run = subprocess.run(
         [*argv, "--output-dir", str(tmp_path)],
         cwd=REPO,
@@ -104,6 +119,45 @@ def test_quick_run_produces_the_table(tmp_path: Path) -> None:
     assert results["stop"]["cancelled"] == results["stop"]["stops_sent"] > 0
     for key in ("cpu", "cores", "python", "trio", "httpx", "date"):
         assert data["machine"][key], key
+
+    assert "| figure | reference | trio_worker | ratio | target | holds |" in table
+    targets = {row["key"]: row for row in data["targets"]}
+    assert tuple(targets) == EXPECTED_TARGETS
+    for key, row in targets.items():
+        value = row["trio_worker"]
+        assert isinstance(value, float), f"{key}: {value!r}"
+        assert key in MARGINAL or value > 0, f"{key}: {value!r}"
+        assert f"| {row['label']} |" in table
+        assert row["text"]["load"] != "–", key  # every row says how busy the machine was
+    assert results["floor"]["cpu_us_per_job"] > 0
+    assert results["against"]["old_runs"] and results["against"]["current_runs"]
+    assert results["paced"]["short"]["chunks"] < results["paced"]["chunks"]
+    assert (
+        "against-"
+        not in subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+
+
+def test_check_refuses_a_baseline_of_another_machine_class(tmp_path: Path) -> None:
+    """Exit 2 before measuring anything, and nothing written (docs/benchmarks.md)."""
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"machine": {"cpu": "no such CPU", "cores": 1}, "rows": []}))
+    published = [REPO / "benchmarks" / "results" / "latest.json", REPO / "docs" / "benchmarks.md"]
+    before = [path.stat().st_mtime_ns for path in published]
+    run = subprocess.run(
+        [sys.executable, str(RUN), "--check", "--baseline", str(baseline)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "no such CPU" in run.stderr
+    assert "total" not in run.stderr  # no figure was run
+    assert [path.stat().st_mtime_ns for path in published] == before
 
 
 # -- the lean front of the benchmark platform -----------------------------------------------

@@ -1,0 +1,130 @@
+"""``benchmarks/run.py --check`` compares figures with the committed table
+(docs/benchmarks.md, "--check"); the ratio targets and the marginal CPU are arithmetic on
+the run's results. All pure functions on fabricated dicts: no process is started."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The benchmarks package is not installed: imported from the checkout, after everything
+# installed (as tests/test_benchmarks_smoke.py does).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._check import NOT_COMPARABLE, PASS, WORSE, compare, render
+from benchmarks._cpu_figures import marginal_us
+from benchmarks._targets import build_targets
+
+MACHINE = {"cpu": "AMD EPYC", "cores": 2}
+
+
+def payload(
+    cpu_us: float, jobs_per_s: float, machine: dict[str, Any] | None = None, quick: bool = False
+) -> dict[str, Any]:
+    """A latest.json with one lower-is-better figure (a target's) and one
+    higher-is-better figure (a row's)."""
+    return {
+        "machine": MACHINE if machine is None else machine,
+        "settings": {"quick": quick},
+        "targets": [
+            {
+                "key": "cpu_job_sync",
+                "label": "CPU per no-op job",
+                "better": "lower",
+                "trio_worker": cpu_us,
+            }
+        ],
+        "rows": [
+            {
+                "key": "jobs_c8",
+                "label": "no-op jobs/s, c=8",
+                "better": "higher",
+                "trio_worker": jobs_per_s,
+            }
+        ],
+    }
+
+
+BASELINE = payload(cpu_us=500.0, jobs_per_s=2000.0)
+
+
+def test_a_cpu_figure_25_percent_worse_fails() -> None:
+    comparison = compare(BASELINE, payload(cpu_us=625.0, jobs_per_s=2000.0))
+    assert comparison.exit_code == WORSE
+    assert [line.key for line in comparison.failed] == ["cpu_job_sync"]
+    assert "**worse**" in render(comparison)
+
+
+def test_a_cpu_figure_15_percent_worse_passes() -> None:
+    comparison = compare(BASELINE, payload(cpu_us=575.0, jobs_per_s=2000.0))
+    assert comparison.exit_code == PASS
+    assert comparison.failed == []
+
+
+def test_a_rate_is_worse_when_lower() -> None:
+    assert compare(BASELINE, payload(500.0, jobs_per_s=1500.0)).exit_code == WORSE
+    assert compare(BASELINE, payload(500.0, jobs_per_s=1700.0)).exit_code == PASS
+
+
+@pytest.mark.parametrize(("cpu_us", "jobs_per_s"), [(250.0, 2000.0), (500.0, 4000.0)])
+def test_a_better_figure_passes(cpu_us: float, jobs_per_s: float) -> None:
+    assert compare(BASELINE, payload(cpu_us, jobs_per_s)).exit_code == PASS
+
+
+@pytest.mark.parametrize(
+    "machine",
+    [{"cpu": "Intel Xeon", "cores": 2}, {"cpu": "AMD EPYC", "cores": 4}, {}],
+)
+def test_another_machine_class_cannot_be_compared(machine: dict[str, Any]) -> None:
+    # Even a figure far worse is not judged: exit 2, not a pass and not a failure.
+    comparison = compare(BASELINE, payload(5000.0, 10.0, machine=machine))
+    assert comparison.exit_code == NOT_COMPARABLE
+    assert "cannot compare" in render(comparison)
+
+
+def test_a_quick_run_is_no_baseline() -> None:
+    quick = payload(500.0, 2000.0, quick=True)
+    assert compare(quick, payload(500.0, 2000.0)).exit_code == NOT_COMPARABLE
+
+
+def test_a_figure_not_measured_this_time_is_skipped_not_failed() -> None:
+    current = payload(500.0, 2000.0)
+    current["targets"] = []
+    comparison = compare(BASELINE, current)
+    assert comparison.exit_code == PASS
+    assert "skipped" in render(comparison)
+
+
+def test_marginal_cpu_takes_out_what_both_runs_share() -> None:
+    # 0.3 s of start-up in both; 0.5 s more for 1,000 more units: 500 µs each.
+    assert marginal_us((0.35, 100), (0.85, 1100)) == pytest.approx(500.0)
+    assert marginal_us((0.35, 100), (0.85, 100)) is None
+
+
+def test_targets_hold_on_the_ratio_measured_in_the_run() -> None:
+    trio = {
+        "paced": {"cpu_us_per_chunk": 70.0, "latency_ms": {"p50": 1.0, "p99": 8.0}},
+        "noop_cpu": {"cpu_us_per_job": 300.0},
+        "floor": {"cpu_us_per_job": 90.0},
+        "startup": {"first_take_s": 0.3},
+        "against": {"commit": "6e386a1", "current_jobs_per_s": 900.0, "old_jobs_per_s": 1000.0},
+    }
+    reference = {
+        "paced": {"cpu_us_per_chunk": 220.0, "latency_ms": {"p50": 5.0, "p99": 22.0}},
+        "startup": {"first_take_s": 1.6},
+    }
+    rows = {row["key"]: row for row in build_targets({"trio_worker": trio, "reference": reference})}
+    assert rows["cpu_chunk_asyncio"]["holds"] is True  # 220 / 70 >= 3
+    assert rows["paced_p99"]["holds"] is False  # 22 / 8 < 3
+    assert rows["cpu_job_sync"]["holds"] is False  # 300 > 3 x 90
+    assert rows["first_take"]["holds"] is True  # 1.6 / 0.3 >= 5
+    assert rows["jobs_c8_against"]["holds"] is False  # 900 < 1000
+    assert rows["cpu_chunk_trio"]["holds"] is None  # not measured
+    assert "6e386a1" in rows["jobs_c8_against"]["target"]
+    # Without the reference, a ratio to it cannot be taken; the floor's still can.
+    alone = {row["key"]: row for row in build_targets({"trio_worker": trio})}
+    assert alone["cpu_chunk_asyncio"]["holds"] is None
+    assert alone["cpu_job_sync"]["holds"] is False
