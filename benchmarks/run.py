@@ -395,6 +395,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if baseline is not None:
         comparison = _check.compare(baseline, payload)
         print(_check.render(comparison))
+        others = machine["others_during_run"].get("mean_pct")
+        if comparison.failed and others is not None and others > 10:
+            say(
+                f"warning: other processes used {others}% of all CPUs meanwhile: a figure "
+                "may have fallen with the machine; rerun on a quiet one (--wait-quiet)"
+            )
         return comparison.exit_code
     return 0
 
