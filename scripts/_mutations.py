@@ -257,8 +257,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_handlers.py",
-                "    except trio.Cancelled:\n        await waits.hold(finished)\n        raise",
-                "    except trio.Cancelled:\n        raise",
+                "        if call.ended is not None:\n            await waits.hold(call.ended)\n",
+                "",
             ),
         ),
         required=False,

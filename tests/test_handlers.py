@@ -666,3 +666,64 @@ async def test_end_by_cuts_waits_already_running_and_those_started_later(
         nursery.start_soon(wait, "shorter", 0.5)
     # Nothing cancelled them: the deadline alone ended them, a shorter bound first.
     assert ended == {"before": 3.0, "after": 3.0, "shorter": 1.5}
+
+
+# --- kept threads (trio_worker/_threads.py) ---------------------------------------------------
+
+
+async def test_sequential_sync_calls_reuse_one_kept_thread() -> None:
+    """A kept thread serves the next call: no thread is started per job."""
+    waits = ThreadWaits()
+    first = await run_in_thread(threading.get_ident, waits=waits)
+    second = await run_in_thread(threading.get_ident, waits=waits)
+    assert first == second != threading.get_ident()
+
+
+async def test_a_thread_left_running_by_a_cancelled_call_is_not_given_new_work() -> None:
+    """The abandoned thread is still busy: the next call runs on another thread at once."""
+    waits = ThreadWaits()
+    release, running = threading.Event(), threading.Event()
+    busy: list[int] = []
+
+    def stuck() -> None:
+        busy.append(threading.get_ident())
+        running.set()
+        release.wait(TIMEOUT)
+
+    async def call_stuck(
+        task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await run_in_thread(stuck, waits=waits)
+
+    async with trio.open_nursery() as nursery:
+        scope = await nursery.start(call_stuck)
+        await trio.to_thread.run_sync(running.wait, TIMEOUT)
+        waits.end_by(trio.current_time())  # the cancelled caller does not wait for it
+        scope.cancel()
+    other = await run_in_thread(threading.get_ident, waits=waits)
+    assert other != busy[0]
+    release.set()
+
+
+async def test_trio_from_thread_finds_the_loop_inside_a_sync_handler() -> None:
+    """What trio promises in a to_thread thread holds in a kept one: from_thread needs no
+    token, and runs on the loop's thread."""
+    loop_thread = threading.get_ident()
+
+    def handler(job: dict[str, Any]) -> object:
+        return trio.from_thread.run_sync(threading.get_ident)
+
+    result = await call_handler(
+        handler, HandlerKind.SYNC, JOB, ThreadWaits(), backend=BACKENDS["trio"]
+    )
+    assert result == loop_thread
+
+
+async def test_a_sync_handler_sees_the_callers_context() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+    var.set("the job's")
+    assert await run_in_thread(var.get, waits=ThreadWaits()) == "the job's"

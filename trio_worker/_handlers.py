@@ -24,6 +24,7 @@ import trio
 
 from ._backends import unwrap_callable as _unwrap
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
+from ._threads import ThreadCall, run_sync
 
 if TYPE_CHECKING:
     from ._backends import Backend
@@ -130,38 +131,21 @@ class ThreadWaits:
 
 
 async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: ThreadWaits) -> Any:
-    """Run sync *fn* in a worker thread; when cancelled, wait for the thread to end.
+    """Run sync *fn* in a kept thread (:mod:`._threads`); when cancelled, wait for the
+    thread to end.
 
-    The thread is started with ``abandon_on_cancel=True`` so ``check_cancelled()`` inside it
-    sees the stop at once, but the caller does not move on until the thread has really
-    returned, unless the wait itself is cancelled through *waits*.
+    The call is abandoned on cancel so ``check_cancelled()`` inside it sees the stop at
+    once, but the caller does not move on until the thread has really returned, unless
+    the wait itself is cancelled through *waits*.
     """
-    finished = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-
-    def call() -> tuple[Any]:
-        try:
-            # Boxed, so a coroutine or generator returned by a plain function reaches the
-            # caller instead of tripping trio's "expected a sync function" check.
-            return (fn(*args),)
-        finally:
-            try:
-                token.run_sync_soon(finished.set)
-            except trio.RunFinishedError:
-                pass
-
-    # Cancelled before the thread exists (a stop that landed first): nothing to wait for.
-    # No schedule point lies between this check and the thread's start: the limiter is
-    # unbounded (capacity is the ledger's business; this only lifts trio's default of 40
-    # threads), so it cannot park, and trio's remaining checkpoint is shielded.
+    # Cancelled before the thread is asked (a stop that landed first): nothing to wait for.
     await trio.lowlevel.checkpoint_if_cancelled()
+    call = ThreadCall(fn, args)
     try:
-        (result,) = await trio.to_thread.run_sync(
-            call, abandon_on_cancel=True, limiter=trio.CapacityLimiter(math.inf)
-        )
-        return result
+        return await run_sync(call)
     except trio.Cancelled:
-        await waits.hold(finished)
+        if call.ended is not None:
+            await waits.hold(call.ended)
         raise
 
 

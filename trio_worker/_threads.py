@@ -1,0 +1,125 @@
+"""Kept threads for sync user code: one hand-off each way per call (docs/how-it-works.md).
+
+A sync handler (and each step of a sync generator) runs in a thread so the event loop
+stays live. ``trio.to_thread.run_sync`` pays for generality on every call: a capacity
+limiter, its thread cache's hand-off, a message object, and the worker added one more
+wake-up of the loop to learn when an abandoned thread really ended. On a 2-core machine
+that was 140-180 µs of CPU per call, more than the rest of a no-op job (docs/benchmarks.md).
+
+Here a call costs one put into an idle thread's queue and one ``run_sync_soon`` back, which
+both reports the outcome and says the thread has ended. Threads are kept while they are
+used and leave after ``IDLE_SECONDS`` unused, as trio's own cache does.
+
+What trio promises inside a ``trio.to_thread`` thread holds here too, through trio's
+per-thread record of the calling task (the one ``to_thread`` fills): ``trio.from_thread``
+finds the loop without a token, and ``trio.from_thread.check_cancelled()`` (so the public
+``check_cancelled()``) raises once the waiting task is cancelled. The call is abandoned on
+cancel, as with ``abandon_on_cancel=True``: the task is woken at once, and can still wait
+for the thread's end (:attr:`ThreadCall.ended`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+from typing import TYPE_CHECKING, Any
+
+import outcome
+import trio
+from trio._threads import PARENT_TASK_DATA  # what trio.from_thread reads (see above)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+IDLE_SECONDS = 10.0  # an unused kept thread leaves after this long
+
+_idle: list[_KeptThread] = []
+
+
+class ThreadCall:
+    """One call of sync code in a kept thread, awaited by one trio task."""
+
+    __slots__ = ("_abandoned", "_args", "_context", "_fn", "_task", "_token", "cancel", "ended")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._fn = fn
+        self._args = args
+        self._context = contextvars.copy_context()
+        self._token = trio.lowlevel.current_trio_token()
+        self._task = trio.lowlevel.current_task()
+        self._abandoned = False
+        # trio.from_thread.check_cancelled reads [0]: the task's raise_cancel once cancelled.
+        self.cancel: list[Any] = [None]
+        #: Set when the thread has returned, for a task that was cancelled while it ran.
+        self.ended: trio.Event | None = None
+
+    def run(self) -> outcome.Outcome[Any]:
+        """In the kept thread: run the code."""
+        PARENT_TASK_DATA.token = self._token
+        PARENT_TASK_DATA.abandon_on_cancel = True
+        PARENT_TASK_DATA.cancel_register = self.cancel
+        PARENT_TASK_DATA.task_register = [self._task]
+        try:
+            result: outcome.Outcome[Any] = outcome.Value(self._context.run(self._fn, *self._args))
+        except BaseException as exc:
+            result = outcome.Error(exc)
+        finally:
+            del PARENT_TASK_DATA.token, PARENT_TASK_DATA.abandon_on_cancel
+            del PARENT_TASK_DATA.cancel_register, PARENT_TASK_DATA.task_register
+        return result
+
+    def report(self, result: outcome.Outcome[Any]) -> None:
+        """In the kept thread: hand the outcome to the loop (which also learns the end)."""
+        try:
+            self._token.run_sync_soon(self._deliver, result)
+        except trio.RunFinishedError:
+            pass  # the loop is gone: nobody waits for it any more
+
+    def _deliver(self, result: outcome.Outcome[Any]) -> None:
+        # On the loop's thread, as is _abort: the two never interleave.
+        if self._abandoned:
+            if self.ended is not None:
+                self.ended.set()
+        else:
+            trio.lowlevel.reschedule(self._task, result)
+
+    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+        self._abandoned = True
+        self.cancel[0] = raise_cancel
+        self.ended = trio.Event()
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+async def run_sync(call: ThreadCall) -> Any:
+    """Run *call* in a kept thread; its result, or its exception raised here.
+
+    Cancelled while the thread runs: raises ``trio.Cancelled`` at once (the thread goes
+    on; ``call.ended`` is set when it returns). The caller checks for a cancellation
+    before, if one that landed first must keep the code from starting.
+    """
+    thread = _idle.pop() if _idle else _KeptThread()
+    thread.inbox.put(call)
+    return await trio.lowlevel.wait_task_rescheduled(call._abort)
+
+
+class _KeptThread:
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue[ThreadCall] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="trio_worker sync code", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                call = self.inbox.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                try:
+                    _idle.remove(self)
+                except ValueError:
+                    continue  # taken off the idle list just now: its call is on the way
+                return
+            result = call.run()
+            # Idle again before the loop hears of the outcome, so the task woken by it
+            # finds this thread free for its next call.
+            _idle.append(self)
+            call.report(result)
