@@ -1,10 +1,10 @@
 """What a worker imports: nothing a plain http worker with no proxy never uses.
 
-httpx is for a configured proxy only (``_platform/_proxy.py``), and asyncio for the
-asyncio backend only (``_backends.BACKENDS``): together about 45 ms of ``python -X
-importtime`` at every start (docs/how-it-works.md, the module map). Each check runs in a
-fresh interpreter, since this test process has imported both long before. (``ssl`` is not
-among them: trio imports it itself.)
+httpx is for a configured proxy (``_platform/_proxy.py``) and the local endpoint's
+webhooks only, and asyncio for the asyncio backend only (``_backends.BACKENDS``): together
+about 45 ms of ``python -X importtime`` at every start. Each check runs in a fresh
+interpreter, since this test process has imported both long before. (``ssl`` is not among
+them: trio imports it itself.)
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ def _python(code: str, **env: str) -> list[str]:
     return loaded
 
 
-def test_import_trio_worker_leaves_httpx_and_asyncio_out() -> None:
+# The package, and the local endpoint (``trio-worker dev``, ``--rp_serve_api``), which
+# imports httpx only once a job names a webhook.
+@pytest.mark.parametrize("module", ["trio_worker", "trio_worker._endpoint"])
+def test_importing_leaves_httpx_and_asyncio_out(module: str) -> None:
     code = (
-        "import json, sys, trio_worker\n"
-        f"print(json.dumps([m for m in {(*UNUSED, 'trio_worker')!r} if m in sys.modules]))\n"
+        f"import json, sys, {module}\n"
+        f"print(json.dumps([m for m in {(*UNUSED, module)!r} if m in sys.modules]))\n"
     )
-    assert _python(code) == ["trio_worker"]
+    assert _python(code) == [module]
 
 
 def test_a_proxy_still_gets_the_httpx_client() -> None:
