@@ -11,11 +11,11 @@ import trio
 from trio_worker import TransportError
 from trio_worker._platform._http import (
     HttpResponse,
-    HttpxHttp,
     LeanHttp,
     make_backend,
     proxy_configured,
 )
+from trio_worker._platform._proxy import HttpxHttp
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable

@@ -13,10 +13,10 @@ import trustme
 
 from trio_worker import ConfigurationError, TransportError
 from trio_worker._platform._http import (
-    HttpxHttp,
     LeanHttp,
     make_backend,
 )
+from trio_worker._platform._proxy import HttpxHttp
 from trio_worker._platform._tls import trust_context
 
 from .scripted_server import (

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from trio_worker._platform._heartbeat import HeartbeatThread
-from trio_worker._platform._http import HttpxHttp
+from trio_worker._platform._proxy import HttpxHttp
 from trio_worker.testing import FakePlatform, ServerThread, run_server_in_thread
 
 PINGS = 10

@@ -26,7 +26,7 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 
 from __future__ import annotations
 
-from ._asyncio_host import run_asyncio_host as run_asyncio_host
+from ._backends import run_asyncio_host as run_asyncio_host
 from ._config import Timings as Timings
 from ._exceptions import AsyncioUnderTrio as AsyncioUnderTrio
 from ._exceptions import ConfigurationError as ConfigurationError

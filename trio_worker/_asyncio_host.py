@@ -48,22 +48,19 @@ class Holds(Protocol):
 PUMP_DEPTH = 64
 
 
-def run_asyncio_host(
+def host_run(
     async_fn: Callable[..., Awaitable[T]],
     *args: Any,
     clock: trio.abc.Clock | None = None,
-    instruments: tuple[trio.abc.Instrument, ...] | list[trio.abc.Instrument] = (),
+    instruments: tuple[trio.abc.Instrument, ...] = (),
 ) -> T:
-    """Like ``trio.run(async_fn, *args)``, with trio as a guest on a new asyncio loop.
-
-    Inside, trio code and asyncio code share one thread: a worker served here with
-    ``async_backend="asyncio"`` runs its async handlers on this loop. Its signature matches
-    ``trio.run`` so pytest-trio can use it (``@pytest.mark.trio(run=run_asyncio_host)``).
-    """
+    """:func:`trio_worker.run_asyncio_host`: ``trio.run(async_fn, *args)`` as the guest of
+    a new asyncio loop (the public function lives in ``_backends``, which imports this
+    module only when it is called)."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        main = loop.create_task(_host_main(async_fn, args, clock, tuple(instruments)))
+        main = loop.create_task(_host_main(async_fn, args, clock, instruments))
         return _run_through_escapes(loop, main)
     finally:
         try:

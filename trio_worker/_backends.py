@@ -6,31 +6,26 @@ Everything that differs between running async handlers on trio and on asyncio si
 handlers, the worker and the local modes call it without asking which.
 
 On asyncio, trio is a guest of the asyncio loop (``_asyncio_host.py``); on trio, nothing
-stands between the supervisor and the user's coroutine.
+stands between the supervisor and the user's coroutine. ``_asyncio_host`` (and asyncio) is
+imported only when a worker uses the asyncio backend: a trio-backend worker never imports
+asyncio.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import inspect
 import math
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import trio
 
-from ._asyncio_host import (
-    AsyncioChunks,
-    asyncio_initializer,
-    await_on_asyncio,
-    escaped_exits_to,
-    host_loop,
-    run_asyncio_host,
-)
 from ._exceptions import AsyncioUnderTrio, TrioUnderAsyncio
+from ._tracebacks import ASYNCIO_DIR
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -134,7 +129,7 @@ class TrioBackend(Backend):
         return contextlib.nullcontext()  # trio has no tasks outside the worker's nurseries
 
     def explain(self, exc: BaseException) -> BaseException:
-        if not _from_other_family(exc, _ASYNCIO_DIR, _ASYNCIO_HINTS):
+        if not _from_other_family(exc, ASYNCIO_DIR, _ASYNCIO_HINTS):
             return exc
         return _hinted(
             AsyncioUnderTrio,
@@ -150,35 +145,44 @@ class AsyncioBackend(Backend):
 
     name = "asyncio"
 
+    def __init__(self) -> None:
+        # Imported here, once, when a worker first asks for this backend (BACKENDS): asyncio
+        # is about 15 ms of start-up (python -X importtime) a trio-backend worker never needs.
+        from . import _asyncio_host
+
+        self._host = _asyncio_host
+
     def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        return run_asyncio_host(async_fn, *args)
+        return self._host.host_run(async_fn, *args)
 
     def check_host(self) -> None:
-        host_loop()
+        self._host.host_loop()
 
     def thread_handoff(self, token: trio.lowlevel.TrioToken) -> Callable[..., object]:
         # A thread's result (asyncio.to_thread, an executor) reaches the handler's task
         # through the loop's own queue, after this call, so the job cannot end first;
         # trio's queue keeps no order with the loop's.
-        return host_loop().call_soon_threadsafe
+        return self._host.host_loop().call_soon_threadsafe
 
     def initializer(self, initializer: Initializer | None, waits: Holds) -> Initializer | None:
         # Its coroutine (if it makes one) runs on the host loop, where the handlers will
         # find the engine it builds.
         if initializer is None:
             return None
-        return asyncio_initializer(initializer, is_async=makes_coroutine(initializer), waits=waits)
+        return self._host.asyncio_initializer(
+            initializer, is_async=makes_coroutine(initializer), waits=waits
+        )
 
     async def await_result(
         self, awaitable: Awaitable[Any], waits: Holds, *, cancel_bound: float = math.inf
     ) -> Any:
         # A handler's is held like a sync handler's thread: until it ends or the grace does.
-        return await await_on_asyncio(awaitable, waits=waits, cancel_bound=cancel_bound)
+        return await self._host.await_on_asyncio(awaitable, waits=waits, cancel_bound=cancel_bound)
 
     def chunks(
         self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds
     ) -> AsyncIterator[Any]:
-        return AsyncioChunks(source, close_bound=close_bound, waits=waits)
+        return self._host.AsyncioChunks(source, close_bound=close_bound, waits=waits)
 
     @contextlib.contextmanager
     def exits_from_user_tasks(
@@ -196,7 +200,7 @@ class AsyncioBackend(Backend):
                 return False  # the host loop then ends with it at once
             return True
 
-        with escaped_exits_to(sink):
+        with self._host.escaped_exits_to(sink):
             yield
 
     def explain(self, exc: BaseException) -> BaseException:
@@ -210,7 +214,47 @@ class AsyncioBackend(Backend):
         )
 
 
-BACKENDS: dict[str, Backend] = {"trio": TrioBackend(), "asyncio": AsyncioBackend()}
+class _Backends(Mapping[str, Backend]):
+    """The backends by name, each built once; the asyncio one (and with it asyncio, about
+    15 ms of ``python -X importtime``) only when a worker asks for it."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Backend] = {"trio": TrioBackend()}
+
+    def __getitem__(self, name: str) -> Backend:
+        try:
+            return self._built[name]
+        except KeyError:
+            if name != "asyncio":
+                raise
+        return self._built.setdefault(name, AsyncioBackend())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("trio", "asyncio"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+BACKENDS: Mapping[str, Backend] = _Backends()
+
+
+def run_asyncio_host(
+    async_fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    clock: trio.abc.Clock | None = None,
+    instruments: tuple[trio.abc.Instrument, ...] | list[trio.abc.Instrument] = (),
+) -> T:
+    """Like ``trio.run(async_fn, *args)``, with trio as a guest on a new asyncio loop.
+
+    Inside, trio code and asyncio code share one thread: a worker served here with
+    ``async_backend="asyncio"`` runs its async handlers on this loop. Its signature matches
+    ``trio.run`` so pytest-trio can use it (``@pytest.mark.trio(run=run_asyncio_host)``).
+    """
+    # Imported here, once per run: a worker on the trio backend never imports asyncio.
+    from ._asyncio_host import host_run
+
+    return host_run(async_fn, *args, clock=clock, instruments=tuple(instruments))
 
 
 def default_backend(
@@ -254,8 +298,7 @@ def unwrap_callable(fn: object) -> object:
 # The families' own packages: an error raised inside one is that family's code failing
 # for want of its loop ("no running event loop"; an asyncio.Queue, Lock or Event with no
 # loop: "'NoneType' object has no attribute 'create_future'"; trio on asyncio: "must be
-# called from async context").
-_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
+# called from async context"). asyncio's is ASYNCIO_DIR, found without importing asyncio.
 _TRIO_DIR = os.path.dirname(trio.__file__) + os.sep
 
 # What the other family says when it meets code of this one (sniffio, trio's and asyncio's

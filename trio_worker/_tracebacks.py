@@ -9,14 +9,16 @@ pathological exception must not lose the report it belongs to.
 
 from __future__ import annotations
 
-import asyncio
+import importlib
+import importlib.machinery
 import os
+import sys
 import traceback
 
 import outcome
 import trio
 
-__all__ = ["error_type_name", "format_traceback", "safe_str"]
+__all__ = ["ASYNCIO_DIR", "error_type_name", "format_traceback", "safe_str"]
 
 
 def error_type_name(exc: BaseException) -> str:
@@ -63,13 +65,30 @@ def _package_dir(path: str | None) -> str:
     return os.path.dirname(os.path.abspath(str(path))) + os.sep
 
 
+def _asyncio_dir() -> str:
+    # Found, not imported: asyncio is about 15 ms of start-up (python -X importtime) that a
+    # worker on the trio backend never needs.
+    module = sys.modules.get("asyncio")
+    if module is None:
+        spec = importlib.machinery.PathFinder.find_spec("asyncio")
+        if spec is not None and spec.origin is not None:
+            return _package_dir(spec.origin)
+        module = importlib.import_module("asyncio")  # a stdlib with no file on the path
+    return _package_dir(module.__file__)
+
+
+#: asyncio's own directory: its frames lead up to a handler call, and an error raised in it
+#: is asyncio code failing for want of its loop (``_backends``).
+ASYNCIO_DIR = _asyncio_dir()
+
+
 # The packages whose frames lead up to a handler call, by the directory their frames' file
 # names start with (absolute paths of the modules as imported).
 _SDK_DIRS = {
     _package_dir(__file__): "trio_worker",
     _package_dir(trio.__file__): "trio",
     _package_dir(outcome.__file__): "outcome",
-    _package_dir(asyncio.__file__): "asyncio",
+    ASYNCIO_DIR: "asyncio",
 }
 _SDK_PREFIXES = tuple(_SDK_DIRS)
 

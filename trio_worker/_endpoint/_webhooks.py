@@ -12,13 +12,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import httpx
 import trio
 
 from ._rules import WEBHOOK_ATTEMPTS, WEBHOOK_RETRY_DELAY, WEBHOOK_TIMEOUT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import httpx
 
 __all__ = ["WebhookCall", "WebhookSender"]
 
@@ -76,15 +77,27 @@ class WebhookSender:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Send every submitted call, each in its own task, until cancelled."""
+        task_status.started()
+        while not self._outbox:
+            await self._lot.park()
+        # httpx once the first job asks for a webhook: about 30 ms of start-up (python -X
+        # importtime) that a local endpoint whose jobs name none never needs.
+        import httpx
+
+        failures = (httpx.HTTPError, httpx.InvalidURL, trio.TooSlowError)
         factory = client_factory or (lambda: httpx.AsyncClient(timeout=WEBHOOK_TIMEOUT))
         async with factory() as client, trio.open_nursery() as nursery:
-            task_status.started()
             while True:
                 while not self._outbox:
                     await self._lot.park()
-                nursery.start_soon(self._deliver, client, self._outbox.popleft())
+                nursery.start_soon(self._deliver, client, self._outbox.popleft(), failures)
 
-    async def _deliver(self, client: httpx.AsyncClient, call: WebhookCall) -> None:
+    async def _deliver(
+        self,
+        client: httpx.AsyncClient,
+        call: WebhookCall,
+        failures: tuple[type[Exception], ...],
+    ) -> None:
         headers = {"Content-Type": "application/json"}
         for attempt in range(WEBHOOK_ATTEMPTS):
             if attempt:
@@ -96,7 +109,7 @@ class WebhookSender:
                 if response.is_success:
                     call.delivered = True
                     break
-            except (httpx.HTTPError, httpx.InvalidURL, trio.TooSlowError) as exc:
+            except failures as exc:
                 call.attempts.append(f"{type(exc).__name__}: {exc}")
         else:
             call.delivered = False

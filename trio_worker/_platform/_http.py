@@ -8,8 +8,9 @@ throughput docs/design.md §11 asks for. :class:`LeanHttp` carries every platfor
 (take, done, stream, stop, progress and the heartbeat's ping) on one request path, one
 parser and one connection-reuse rule (:mod:`._lean`).
 
-:class:`HttpxHttp` keeps httpx for the one thing the lean client does not do: a proxy
-(when a ``*_PROXY`` variable is set). Both raise the package's
+:class:`~._proxy.HttpxHttp` keeps httpx for the one thing the lean client does not do: a
+proxy (when a ``*_PROXY`` variable is set); :mod:`._proxy` is imported only then, so a
+worker with no proxy never imports httpx. Both raise the package's
 :class:`~trio_worker.TransportError` for every failure below HTTP, so callers handle one
 family and never see ``httpx`` or ``h11``. Both read at most ``max_body`` bytes of an
 answer (docs/protocol.md §2.0).
@@ -26,17 +27,12 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
-import httpx
-
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
-from .._exceptions import TransportError
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT
 from ._connection import RECEIVE_SIZE
 from ._lean import LeanHttp, StreamOpener
-from ._quiet import own_request_async
 from ._reading import HttpResponse
-from ._request import check_headers, check_size
-from ._tls import trust_context
+from ._request import check_headers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -48,7 +44,6 @@ __all__ = [
     "BackendWrapper",
     "HttpBackend",
     "HttpResponse",
-    "HttpxHttp",
     "LeanHttp",
     "PipeliningBackend",
     "StreamOpener",
@@ -96,42 +91,6 @@ def proxy_configured(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name) or environ.get(name.lower()) for name in _PROXY_VARIABLES)
 
 
-class HttpxHttp:
-    """The backend over an ``httpx.AsyncClient``, for a configured proxy only."""
-
-    def __init__(self, client: httpx.AsyncClient, keep_body: int | None = None) -> None:
-        self._client = client
-        self._keep_body = keep_body
-
-    @own_request_async
-    async def request(
-        self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
-    ) -> HttpResponse:
-        try:
-            async with self._client.stream(method, url, content=body or None) as response:
-                # Raw bytes: the protocol's bodies are JSON, and a body httpx cannot decode
-                # must not hide the status of an otherwise good answer.
-                keep = max_body if self._keep_body is None else min(self._keep_body, max_body)
-                raw = bytearray()
-                size = 0
-                try:
-                    async for chunk in response.aiter_raw():
-                        size += len(chunk)
-                        check_size(size, max_body, method, url, response.status_code, [raw])
-                        if len(raw) < keep:
-                            raw += chunk[: keep - len(raw)]
-                except httpx.StreamConsumed:
-                    raw = bytearray(response.content)  # built in memory (MockTransport)
-                    check_size(len(raw), max_body, method, url, response.status_code, [raw])
-                    del raw[keep:]
-                return HttpResponse(response.status_code, dict(response.headers), bytes(raw))
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-
 def make_backend(
     headers: Mapping[str, str],
     *,
@@ -152,12 +111,8 @@ def make_backend(
         return LeanHttp(
             headers, open_stream=open_stream, connect_timeout=connect_timeout, keep_body=keep_body
         )
-    client = httpx.AsyncClient(
-        headers=dict(headers),
-        verify=trust_context(),  # the one trust store of every client
-        # Every request is bounded by a cancel scope; httpx's per-read timeout would cut
-        # a legitimate long-poll short.
-        timeout=httpx.Timeout(connect=connect_timeout, read=None, write=10.0, pool=10.0),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-    )
-    return HttpxHttp(client, keep_body)
+    # Here, once per client and only behind a proxy: httpx costs a worker that never
+    # uses it ~30 ms of start-up (python -X importtime).
+    from ._proxy import proxy_backend
+
+    return proxy_backend(headers, connect_timeout, max_connections, keep_body)

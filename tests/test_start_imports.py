@@ -1,0 +1,112 @@
+"""What a worker imports: nothing a plain http worker with no proxy never uses.
+
+httpx is for a configured proxy (``_platform/_proxy.py``) and the local endpoint's
+webhooks only, and asyncio for the asyncio backend only (``_backends.BACKENDS``): together
+about 45 ms of ``python -X importtime`` at every start. Each check runs in a fresh
+interpreter, since this test process has imported both long before. (``ssl`` is not among
+them: trio imports it itself.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_worker.testing import FakePlatform, run_platform_server
+
+REPO = Path(__file__).resolve().parents[1]
+WAIT = 30.0  # a safety bound on each wait; never reached when the code is right
+
+# Imported by no worker on the trio backend without a proxy.
+UNUSED = ("httpx", "asyncio")
+
+
+def _python(code: str, **env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**clean, "PYTHONPATH": str(REPO), **env},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert done.returncode == 0, done.stderr
+    loaded: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+# The package, and the local endpoint (``trio-worker dev``, ``--rp_serve_api``), which
+# imports httpx only once a job names a webhook.
+@pytest.mark.parametrize("module", ["trio_worker", "trio_worker._endpoint"])
+def test_importing_leaves_httpx_and_asyncio_out(module: str) -> None:
+    code = (
+        f"import json, sys, {module}\n"
+        f"print(json.dumps([m for m in {(*UNUSED, module)!r} if m in sys.modules]))\n"
+    )
+    assert _python(code) == [module]
+
+
+def test_a_proxy_still_gets_the_httpx_client() -> None:
+    code = (
+        "import json, sys\n"
+        "from trio_worker._platform._http import make_backend\n"
+        "before = 'httpx' in sys.modules\n"
+        "backend = make_backend({})\n"
+        "print(json.dumps([before, type(backend).__name__, 'httpx' in sys.modules]))\n"
+    )
+    assert _python(code, HTTPS_PROXY="http://proxy.test:3128") == [False, "HttpxHttp", True]
+    assert _python(code) == [False, "LeanHttp", False]
+
+
+# A production worker (trio_worker.start, the trio backend for a sync handler) reports, as
+# its first job's output, which of UNUSED it has imported by then.
+WORKER = f"""
+import sys, trio_worker
+
+def handler(job):
+    return {{"loaded": [m for m in {UNUSED!r} if m in sys.modules]}}
+
+trio_worker.start(handler)
+"""
+
+
+@pytest.mark.slow
+async def test_a_started_worker_runs_its_first_job_without_httpx_or_asyncio(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
+    async with run_platform_server(platform) as url:
+        job_id = platform.enqueue({})
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("RUNPOD_") and not k.upper().endswith("_PROXY")
+        }
+        env.update(platform.worker_env(url, ping_interval_ms=200), PYTHONPATH=str(REPO))
+        worker = await trio.lowlevel.open_process(
+            [sys.executable, str(script)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            with trio.fail_after(WAIT):
+                record = await platform.wait_for_status(job_id)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            with trio.move_on_after(WAIT):
+                await worker.wait()
+            if worker.returncode is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                await worker.wait()
+    assert (record.status, record.output) == ("COMPLETED", {"loaded": []})
