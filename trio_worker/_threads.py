@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import outcome
 import trio
-from trio._threads import PARENT_TASK_DATA  # what trio.from_thread reads (see above)
+
+# What trio.from_thread reads (see above), and the count trio.testing's
+# active_thread_count() and wait_all_threads_completed() see, as for to_thread's threads.
+from trio._threads import PARENT_TASK_DATA, _track_active_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -99,8 +102,9 @@ async def run_sync(call: ThreadCall) -> Any:
     before, if one that landed first must keep the code from starting.
     """
     thread = _idle.pop() if _idle else _KeptThread()
-    thread.inbox.put(call)
-    return await trio.lowlevel.wait_task_rescheduled(call._abort)
+    with _track_active_thread():
+        thread.inbox.put(call)
+        return await trio.lowlevel.wait_task_rescheduled(call._abort)
 
 
 class _KeptThread:

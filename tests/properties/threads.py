@@ -58,9 +58,9 @@ __all__ = ["Baton", "Lane", "RunOver", "in_worker_thread"]
 HANDOVER_LIMIT = 10.0
 # Real seconds the service waits between looks while a thread is on its way in or out.
 CUSHION = 0.0002
-# Messages a finished thread posts to the loop: run_in_thread's "finished" event and the
-# thread's result (a handler thread), or the result only (an initializer or close thread).
-TAIL_MESSAGES = {"handler": 2, "direct": 1}
+# Messages a finished thread posts to the loop: one, its result (a handler's kept thread
+# posts the result and its end together; an initializer or close thread, the result).
+TAIL_MESSAGES = {"handler": 1, "direct": 1}
 
 
 class RunOver(BaseException):

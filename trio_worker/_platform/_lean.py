@@ -26,6 +26,7 @@ from .._exceptions import TransportError
 from ._connection import Connection, StaleConnection
 from ._reading import Bounds, HttpResponse, read_answers
 from ._request import Origin, RequestHeads, message
+from ._socket import LeanSocketStream
 from ._tls import open_tls_stream, trust_context
 
 if TYPE_CHECKING:
@@ -122,6 +123,9 @@ class LeanHttp:
             TransportError: for any failure below HTTP; *answers* then holds the answers
                 read before it, and the connection is closed.
         """
+        # The stream yields only when it has to wait (._socket): a request whose deadline
+        # passed before it started must not go out.
+        await trio.lowlevel.checkpoint_if_cancelled()
         # One job's batch repeats its URL: each distinct URL is split and checked once.
         heads = {url: self._heads.head(method, url) for url, _ in requests}
         origin = heads[requests[0][0]][0]
@@ -193,7 +197,7 @@ class LeanHttp:
 
     async def _open_network(self, host: str, port: int, tls: bool) -> trio.abc.Stream:
         if not tls:
-            return await trio.open_tcp_stream(host, port)
+            return LeanSocketStream.adopt(await trio.open_tcp_stream(host, port))
         return await open_tls_stream(host, port, self.ssl_context)
 
 

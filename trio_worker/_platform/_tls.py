@@ -22,6 +22,7 @@ import ssl
 import trio
 
 from .._exceptions import TransportError
+from ._socket import LeanSocketStream
 
 
 def make_trust_context() -> ssl.SSLContext:
@@ -56,14 +57,14 @@ def tls_failure(host: str, exc: BaseException) -> TransportError:
 
 async def open_tls_stream(
     host: str, port: int, context: ssl.SSLContext
-) -> trio.SSLStream[trio.SocketStream]:
+) -> trio.SSLStream[LeanSocketStream]:
     """TCP connect, then the whole TLS handshake, so both fall under the caller's timeout.
 
     Raises:
         TransportError: when the handshake fails (certificate, protocol, reset).
         OSError: when the TCP connect fails.
     """
-    tcp = await trio.open_tcp_stream(host, port)
+    tcp = LeanSocketStream.adopt(await trio.open_tcp_stream(host, port))
     stream = trio.SSLStream(tcp, context, server_hostname=host)
     try:
         await stream.do_handshake()
