@@ -81,14 +81,38 @@ def parse_simple_answer(
     if blank < 0:
         return _unfinished(buffer, start, max_body)
     head_end = blank + 4
-    head = _read_head(buffer, start, head_end, max_body)
+    # A platform answers a route the same way again and again (every stream chunk's 200):
+    # a head already judged is not parsed again. Its max_body is part of the verdict.
+    head = _judge(buffer, start, head_end, max_body)
     if head is NOT_SIMPLE:
         return NOT_SIMPLE
     status, headers, length = head
+    headers = headers.copy()  # each answer's own, whatever its caller does with it
     end = head_end + length
     if len(buffer) < end:
         return None
     return SimpleAnswer(status, headers, bytes(buffer[head_end:end]), end)
+
+
+def _judge(
+    buffer: bytes | bytearray, start: int, head_end: int, max_body: int
+) -> tuple[int, dict[str, str], int] | Literal[NotSimple.NOT_SIMPLE]:
+    """:func:`_read_head`, remembered for short heads (at most 64 of 1 KiB)."""
+    if head_end - start > 1024:
+        return _read_head(buffer, start, head_end, max_body)
+    key = (bytes(buffer[start:head_end]), max_body)
+    head = _judged.get(key)
+    if head is None:
+        head = _read_head(buffer, start, head_end, max_body)
+        if len(_judged) >= 64:
+            _judged.clear()
+        _judged[key] = head
+    return head
+
+
+_judged: dict[
+    tuple[bytes, int], tuple[int, dict[str, str], int] | Literal[NotSimple.NOT_SIMPLE]
+] = {}
 
 
 def _read_head(

@@ -102,7 +102,8 @@ async def _read_simple_answers(
     # what is not kept, so the buffer never holds more than one read past an answer.
     limit = bounds.keep_body
     while index < count:
-        answer = parse_simple_answer(buffer, 0, limit)
+        # Nothing read yet (every answer of a round but the pipelined ones): no parse.
+        answer = parse_simple_answer(buffer, 0, limit) if buffer else None
         if answer is NOT_SIMPLE or (answer is None and reads == FAST_READS):
             break
         if answer is not None:
