@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import socket
 import uuid
 from typing import TYPE_CHECKING, Literal
@@ -228,7 +229,12 @@ def job_path_segment(job_id: str) -> str:
     characters, so their URLs are byte for byte the reference's. Never raises: a lone
     surrogate (which a take never admits, docs/protocol.md §2.1) is encoded as its bytes.
     """
+    if _UNRESERVED.fullmatch(job_id):
+        return job_id  # every id the platform issues: nothing to encode (and no quote())
     return quote(job_id, safe="", errors="surrogatepass")
+
+
+_UNRESERVED = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 def with_query(url: str, param: str) -> str:

@@ -114,6 +114,9 @@ class RequestHeads:
         check_headers(headers)
         self._static = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         self._origins: dict[str, Origin] = {}
+        # Take, stop, ping and a stream's chunk URLs repeat: each is built once. A job's
+        # done URL is used once, so the cache is simply emptied when full.
+        self._built: dict[tuple[str, str], tuple[Origin, bytes]] = {}
 
     def _origin(self, scheme_netloc: str, url: str) -> Origin:
         origin = self._origins.get(scheme_netloc)
@@ -138,6 +141,15 @@ class RequestHeads:
         Raises:
             TransportError: when *url* cannot be requested (scheme, host, port, characters).
         """
+        built = self._built.get((method, url))
+        if built is None:
+            built = self._build(method, url)
+            if len(self._built) >= 256:
+                self._built.clear()
+            self._built[method, url] = built
+        return built
+
+    def _build(self, method: str, url: str) -> tuple[Origin, bytes]:
         scheme, sep, rest = url.partition("://")
         if not sep:
             raise TransportError(f"cannot request {url!r}")
