@@ -15,7 +15,6 @@ unwinds and settles the job itself.
 from __future__ import annotations
 
 import logging
-from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,7 @@ from ._handlers import is_cancellation
 from ._lifecycle import JobEvent, JobState, WorkerPhase
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import Callable
 
     from ._config import Timings
     from ._delivery import Delivery
@@ -202,23 +201,25 @@ class JobDriver:
             await self.gate.wait()
             # A stop or release in the same step as the gate opened: it wins.
             await self._unwind_if_requested(job)
-        async with self._slot(job):
+        await self._take_slot(job)
+        try:
             self.fire(job, JobEvent.START)
-            try:
-                report = await self.runner.run(job)
-            except BaseException as exc:
-                if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
-                    raise
-                # The shutdown grace ran out while the handler was still running.
-                report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+            report = await self.runner.run(job)
+        except BaseException as exc:
+            if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:
+                raise
+            # The shutdown grace ran out while the handler was still running.
+            report = self.runner.shutdown_report(job.id, self.timings.shutdown_grace)
+        finally:
+            self.slots.release()
         if job.abandoned:
             return None  # settled on its behalf after the grace (see settle_stuck)
         self.fire(job, JobEvent.FINISH)
         return report
 
-    @asynccontextmanager
-    async def _slot(self, job: HeldJob) -> AsyncIterator[None]:
-        """One of the ``concurrency`` handler slots, for the handler's run only.
+    async def _take_slot(self, job: HeldJob) -> None:
+        """One of the ``concurrency`` handler slots, for the handler's run only (released
+        by the caller).
 
         A take may deliver more jobs than asked for: every one is held (pinged, owed a
         report), but no more than ``concurrency`` handlers run at once (docs/design.md §4 I7).
@@ -236,10 +237,6 @@ class JobDriver:
                 # A stop or release in the same step as the slot freed: it wins.
                 self.slots.release()
                 await self._unwind_if_requested(job)
-        try:
-            yield
-        finally:
-            self.slots.release()
 
     def _outcome(self, job: HeldJob) -> Outcome:
         grace_over = self.plan.grace_over(trio.current_time())

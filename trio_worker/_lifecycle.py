@@ -51,6 +51,10 @@ from ._watch import records as crash_records
 
 
 class JobState(enum.Enum):
+    # Every transition hashes a (state, event) pair: by identity, in C, not by name
+    # through Enum.__hash__ (equality is identity for both anyway).
+    __hash__ = object.__hash__
+
     TAKEN = "taken"
     MALFORMED = "malformed"
     WAITING_FOR_INIT = "waiting_for_init"
@@ -70,6 +74,10 @@ class JobState(enum.Enum):
 
 
 class JobEvent(enum.Enum):
+    # Every transition hashes a (state, event) pair: by identity, in C, not by name
+    # through Enum.__hash__ (equality is identity for both anyway).
+    __hash__ = object.__hash__
+
     MARK_MALFORMED = "mark_malformed"
     WAIT_FOR_INIT = "wait_for_init"
     WAIT_FOR_SLOT = "wait_for_slot"
