@@ -60,8 +60,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         (
             Patch(
                 "trio_worker/_delivery.py",
-                "with trio.CancelScope(shield=True) as scope:",
-                "with trio.CancelScope() as scope:",
+                "with trio.CancelScope(shield=True, deadline=deadline) as scope:",
+                "with trio.CancelScope(deadline=deadline) as scope:",
             ),
         ),
     ),

@@ -129,7 +129,8 @@ class Delivery:
         self.progress.closed.add(job_id)
         self._reporting[job_id] = started
         try:
-            with trio.CancelScope(shield=True) as scope:
+            deadline = self.plan.report_deadline(started)
+            with trio.CancelScope(shield=True, deadline=deadline) as scope:
                 self.plan.bind(scope, lambda plan: plan.report_deadline(started))
                 try:
                     await self.progress.quiet(job_id)

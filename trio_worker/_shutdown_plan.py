@@ -149,7 +149,9 @@ class ShutdownPlan:
     def bind(self, scope: trio.CancelScope, rule: Rule) -> None:
         """Give *scope* the deadline *rule* computes, now and whenever the plan changes
         (never later than the deadline it has), until :meth:`unbind`."""
-        scope.deadline = min(scope.deadline, rule(self))
+        deadline = rule(self)
+        if deadline < scope.deadline:  # (setting a deadline costs trio a recalculation)
+            scope.deadline = deadline
         self._scopes[scope] = rule
 
     def unbind(self, scope: trio.CancelScope) -> None:

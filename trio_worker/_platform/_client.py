@@ -208,7 +208,7 @@ class PlatformClient:
         """
         outcome.attempts += 1
         outcome.retry_after = None
-        with trio.move_on_after(bound) as scope:
+        with trio.CancelScope(deadline=trio.current_time() + bound) as scope:
             try:
                 response = await self._reports.request("POST", url, body)
             except TransportError as exc:

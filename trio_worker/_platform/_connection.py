@@ -21,7 +21,6 @@ on a fresh connection (:class:`StaleConnection`), because nothing of it was proc
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import select
 from dataclasses import dataclass, field
@@ -36,7 +35,6 @@ from ._request import size_text
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Iterator
 
     from ._request import Origin
 
@@ -152,18 +150,18 @@ class Connection:
         # h11 is typed for bytes; memory streams may hand out a bytearray.
         self.protocol.receive_data(data if type(data) is bytes else bytes(data))
 
-    @contextlib.contextmanager
-    def failures_mapped(self) -> Iterator[None]:
-        """A failed stream, or h11's verdict on an answer, as the package's own error; a
-        stale kept-alive connection as :class:`StaleConnection` (the request goes again)."""
-        try:
-            yield
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+    def failure(self, exc: BaseException) -> BaseException:
+        """What a request raises for *exc*, raised while it ran on this connection: the
+        package's own error for a failed stream or h11's verdict on an answer,
+        :class:`StaleConnection` for a stale kept-alive connection (the request goes
+        again); anything else (a cancellation) as it is."""
+        if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
             if self.stale:
-                raise StaleConnection from exc
-            raise TransportError(f"connection lost with {self.origin.where}: {exc!r}") from exc
-        except h11.ProtocolError as exc:
-            raise self._protocol_failure(exc) from exc
+                return StaleConnection()
+            return TransportError(f"connection lost with {self.origin.where}: {exc!r}")
+        if isinstance(exc, h11.ProtocolError):
+            return self._protocol_failure(exc)
+        return exc
 
     def _protocol_failure(self, exc: h11.ProtocolError) -> TransportError:
         where = self.origin.where

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeAlias
 
+import h11
 import trio
 
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
@@ -147,9 +148,13 @@ class LeanHttp:
             connection = await self._connection(origin)
             connection.begin_exchange()
             try:
-                with connection.failures_mapped():
+                try:
                     await connection.stream.send_all(wire)
                     clean = await read_answers(connection, method, len(requests), answers, bounds)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    raise connection.failure(exc) from exc
+                except h11.ProtocolError as exc:
+                    raise connection.failure(exc) from exc
             # Connection.aclose closes the stream even when cancelled (it only raises
             # afterwards), so no connection outlives a cancelled or failed request and
             # none needs a shield.
