@@ -97,7 +97,6 @@ async def _read_simple_answers(
     buffer = bytearray()
     index = reads = 0
     stream = connection.stream
-    where = connection.origin.where
     # An answer whose body is over keep_body is not simple here: h11 reads it, dropping
     # what is not kept, so the buffer never holds more than one read past an answer.
     limit = bounds.keep_body
@@ -115,6 +114,7 @@ async def _read_simple_answers(
         if not data:
             if connection.stale:
                 raise StaleConnection
+            where = connection.origin.where
             if buffer:
                 raise TransportError(f"{where} closed the connection before answering in full")
             raise TransportError(
