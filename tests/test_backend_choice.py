@@ -13,7 +13,6 @@ import asyncio
 import functools
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -28,9 +27,10 @@ import trio_worker
 import trio_worker.testing
 from trio_worker._backends import BACKENDS
 from trio_worker._options import AsyncBackend, worker_options
-from trio_worker.testing import FakePlatform, memory_network, run_platform_server
+from trio_worker.testing import FakePlatform, memory_network
 
 from .backends import ASYNCIO_ONLY
+from .script_worker import run_script_job
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 30.0  # a safety bound on each wait; never reached when the code is right
@@ -126,30 +126,9 @@ async def test_an_asyncio_handler_moved_to_the_keyword_form_still_runs_on_asynci
 ) -> None:
     script = tmp_path / "worker.py"
     script.write_text(OWN_ERRORS_AS_OUTPUT)
-    platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
-    async with run_platform_server(platform) as url:
-        job_id = platform.enqueue({"text": "hi"})
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
-        env.update(platform.worker_env(url, ping_interval_ms=200), PYTHONPATH=str(REPO))
-        worker = await trio.lowlevel.open_process(
-            [sys.executable, str(script)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            with trio.fail_after(WAIT):
-                record = await platform.wait_for_status(job_id)
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            with trio.move_on_after(WAIT):
-                await worker.wait()
-            if worker.returncode is None:
-                os.killpg(worker.pid, signal.SIGKILL)
-                await worker.wait()
+    record, status = await run_script_job(script, {"text": "hi"})
     assert (record.status, record.output) == ("COMPLETED", {"echo": "hi"})
-    assert worker.returncode == 0
+    assert status == 0
 
 
 def test_the_one_dict_and_keyword_forms_run_asyncio_code_alike_in_local_mode(

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import trio
 
-from trio_worker.testing import FakePlatform, run_platform_server
+from .script_worker import run_script_job
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 30.0  # a safety bound on each wait; never reached when the code is right
@@ -83,30 +81,5 @@ async def test_a_started_worker_runs_its_first_job_without_httpx_or_asyncio(
 ) -> None:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
-    async with run_platform_server(platform) as url:
-        job_id = platform.enqueue({})
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("RUNPOD_") and not k.upper().endswith("_PROXY")
-        }
-        env.update(platform.worker_env(url, ping_interval_ms=200), PYTHONPATH=str(REPO))
-        worker = await trio.lowlevel.open_process(
-            [sys.executable, str(script)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            with trio.fail_after(WAIT):
-                record = await platform.wait_for_status(job_id)
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            with trio.move_on_after(WAIT):
-                await worker.wait()
-            if worker.returncode is None:
-                os.killpg(worker.pid, signal.SIGKILL)
-                await worker.wait()
+    record, _ = await run_script_job(script, {})
     assert (record.status, record.output) == ("COMPLETED", {"loaded": []})
