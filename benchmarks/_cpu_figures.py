@@ -21,6 +21,7 @@ the interpreter has started and imported everything, so start-up is already out 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -47,45 +48,71 @@ def marginal_us(short: tuple[float, float], long: tuple[float, float]) -> float 
 
 
 def paced_with_cpu(bench: Bench, sdk: Sdk, backend: str = "asyncio") -> Result:
-    """The 64 paced streams figure (its long run), plus the marginal CPU per chunk against
-    a short run of the same streams (``paced_short_chunks`` each)."""
-    short = paced_streams(bench, sdk, backend, bench.settings.paced_short_chunks)
-    long = paced_streams(bench, sdk, backend)
-    us = marginal_us((short["cpu_s"], short["chunks"]), (long["cpu_s"], long["chunks"]))
+    """The 64 paced streams figure (its last long run), plus the marginal CPU per chunk:
+    the median over ``cpu_pairs`` pairs of a short run (``paced_short_chunks`` each) and a
+    long one."""
+    samples: list[float] = []
+    pairs: list[Result] = []
+    long: Result = {}
+    for _ in range(bench.settings.cpu_pairs):
+        short = paced_streams(bench, sdk, backend, bench.settings.paced_short_chunks)
+        long = paced_streams(bench, sdk, backend)
+        us = marginal_us((short["cpu_s"], short["chunks"]), (long["cpu_s"], long["chunks"]))
+        if us is not None:
+            samples.append(us)
+        pairs.append({"short": _run_cpu(short, "chunks"), "long": _run_cpu(long, "chunks")})
     return {
         **long,
-        "cpu_us_per_chunk": us,
-        "short": {"chunks": short["chunks"], "cpu_s": short["cpu_s"]},
+        "cpu_us_per_chunk": statistics.median(samples) if samples else None,
+        "cpu_us_samples": samples,
+        "pairs": pairs,
     }
 
 
 def noop_cpu(bench: Bench, sdk: Sdk, concurrency: int = 8) -> Result:
-    """Marginal CPU per no-op job of a sync handler (scenario ``noop_sync``).
+    """Marginal CPU per no-op job of a sync handler (scenario ``noop_sync``): the median
+    over ``cpu_pairs`` pairs of a short and a long run.
 
     trio_worker: ``short_jobs`` then ``jobs`` preloaded jobs, each run to its last report.
     The reference: ``reference_cpu_seconds`` (short, long) after its first take, from a
     queue that outlasts both.
     """
     s = bench.settings
-    runs: list[tuple[float, float]] = []
-    if sdk.key == "reference":
-        for seconds in s.reference_cpu_seconds:
-            # More jobs than it can take in the time (about one per slot per second).
-            jobs = int(concurrency * 4 * (seconds + 5))
-            run = measured_run(bench, sdk, "noop_sync", concurrency, jobs, seconds=seconds)
-            runs.append((run.cpu_s, run.finished))
-    else:
-        for jobs in (s.short_jobs, s.jobs):
-            run = measured_run(bench, sdk, "noop_sync", concurrency, jobs)
-            runs.append((run.cpu_s, run.finished))
-    (short, long) = runs
+    samples: list[float] = []
+    pairs: list[Result] = []
+    for _ in range(s.cpu_pairs):
+        runs: list[tuple[float, float]] = []
+        if sdk.key == "reference":
+            for seconds in s.reference_cpu_seconds:
+                # More jobs than it can take in the time (about one per slot per second).
+                jobs = int(concurrency * 4 * (seconds + 5))
+                run = measured_run(bench, sdk, "noop_sync", concurrency, jobs, seconds=seconds)
+                runs.append((run.cpu_s, run.finished))
+        else:
+            for jobs in (s.short_jobs, s.jobs):
+                run = measured_run(bench, sdk, "noop_sync", concurrency, jobs)
+                runs.append((run.cpu_s, run.finished))
+        (short, long) = runs
+        us = marginal_us(short, long)
+        if us is not None:
+            samples.append(us)
+        pairs.append(
+            {
+                "short": {"cpu_s": short[0], "jobs": short[1]},
+                "long": {"cpu_s": long[0], "jobs": long[1]},
+            }
+        )
     return {
         "concurrency": concurrency,
-        "cpu_us_per_job": marginal_us(short, long),
+        "cpu_us_per_job": statistics.median(samples) if samples else None,
+        "cpu_us_samples": samples,
         "by": "time" if sdk.key == "reference" else "count",
-        "short": {"cpu_s": short[0], "jobs": short[1]},
-        "long": {"cpu_s": long[0], "jobs": long[1]},
+        "pairs": pairs,
     }
+
+
+def _run_cpu(run: Result, unit: str) -> Result:
+    return {unit: run[unit], "cpu_s": run["cpu_s"]}
 
 
 def run_floor(platform: PlatformProcess, mode: str, jobs: int, loops: int = 1) -> Result:
@@ -106,7 +133,13 @@ def run_floor(platform: PlatformProcess, mode: str, jobs: int, loops: int = 1) -
 
 
 def floor(bench: Bench) -> Result:
-    """The raw floor through ``floor_jobs`` jobs, with its CPU per job in µs."""
-    answer = run_floor(bench.platform, "raw", bench.settings.floor_jobs)
-    answer["cpu_us_per_job"] = answer["client_cpu_ms_per_job"] * 1000
+    """The raw floor through ``floor_jobs`` jobs, with its CPU per job in µs: the median
+    of ``cpu_pairs`` runs (the last run's other figures)."""
+    samples: list[float] = []
+    answer: Result = {}
+    for _ in range(bench.settings.cpu_pairs):
+        answer = run_floor(bench.platform, "raw", bench.settings.floor_jobs)
+        samples.append(answer["client_cpu_ms_per_job"] * 1000)
+    answer["cpu_us_per_job"] = statistics.median(samples)
+    answer["cpu_us_samples"] = samples
     return answer

@@ -71,6 +71,9 @@ class Settings:
     # The reference's no-op runs go by time (it sleeps): seconds after its first take.
     reference_cpu_seconds: tuple[float, float] = (3.0, 12.0)
     floor_jobs: int = 3000  # floor_client.py raw
+    # Short/long pairs per CPU figure (and floor runs): the median is the figure, since
+    # one pair moves by tens of percent with what else the machine does.
+    cpu_pairs: int = 3
     against_rounds: int = 3  # alternating pairs, old commit and this checkout
 
     @classmethod
@@ -101,6 +104,7 @@ class Settings:
             cpu_short_jobs=50,
             reference_cpu_seconds=(1.0, 3.0),
             floor_jobs=400,
+            cpu_pairs=1,
             against_rounds=1,
         )
 

@@ -131,7 +131,7 @@ def test_quick_run_produces_the_table(tmp_path: Path) -> None:
         assert row["text"]["load"] != "–", key  # every row says how busy the machine was
     assert results["floor"]["cpu_us_per_job"] > 0
     assert results["against"]["old_runs"] and results["against"]["current_runs"]
-    assert results["paced"]["short"]["chunks"] < results["paced"]["chunks"]
+    assert results["paced"]["pairs"][0]["short"]["chunks"] < results["paced"]["chunks"]
     assert (
         "against-"
         not in subprocess.run(
