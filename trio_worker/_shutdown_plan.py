@@ -28,7 +28,6 @@ Deadlines only ever move earlier. The plan does no I/O and starts no task.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import math
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from types import TracebackType
 
     from ._config import Timings
 
@@ -157,15 +156,9 @@ class ShutdownPlan:
     def unbind(self, scope: trio.CancelScope) -> None:
         self._scopes.pop(scope, None)
 
-    @contextlib.contextmanager
-    def open_scope(self, rule: Rule, *, shield: bool = False) -> Iterator[trio.CancelScope]:
+    def open_scope(self, rule: Rule, *, shield: bool = False) -> _BoundScope:
         """A cancel scope bound to the plan by *rule* (see :meth:`bind`) while it is open."""
-        with trio.CancelScope(shield=shield) as scope:
-            self.bind(scope, rule)
-            try:
-                yield scope
-            finally:
-                self.unbind(scope)
+        return _BoundScope(self, rule, shield)
 
     @staticmethod
     def when_stopping(plan: ShutdownPlan) -> float:
@@ -206,3 +199,28 @@ class ShutdownPlan:
             listener(self)
         self._changed.set()
         self._changed = trio.Event()
+
+
+class _BoundScope:
+    """:meth:`ShutdownPlan.open_scope`'s context manager: a class, not a generator, since
+    the take loop opens one at every wait for a slot."""
+
+    __slots__ = ("_plan", "_rule", "_scope")
+
+    def __init__(self, plan: ShutdownPlan, rule: Rule, shield: bool) -> None:
+        self._plan, self._rule = plan, rule
+        self._scope = trio.CancelScope(shield=shield)
+
+    def __enter__(self) -> trio.CancelScope:
+        scope = self._scope.__enter__()
+        self._plan.bind(scope, self._rule)
+        return scope
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        self._plan.unbind(self._scope)
+        return self._scope.__exit__(exc_type, exc, traceback)
