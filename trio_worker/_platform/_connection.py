@@ -102,15 +102,16 @@ class Connection:
         """Back to idle when h11 says both sides may go on and nothing unasked-for came;
         whether it did (else the connection must be closed)."""
         protocol = self.protocol
-        if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
-            if protocol.our_state is not h11.IDLE or protocol.their_state is not h11.IDLE:
+        ours, theirs = protocol.our_state, protocol.their_state
+        if ours is not h11.DONE or theirs is not h11.DONE:
+            if ours is not h11.IDLE or theirs is not h11.IDLE:
                 return False  # Connection: close, HTTP/1.0, a body delimited by the close
         extra, closed = protocol.trailing_data
         if extra or closed:
             # Bytes past the answer (the stream is out of step), or the server's close
             # (which h11 reports only on the next read).
             return False
-        if protocol.our_state is h11.DONE:
+        if ours is h11.DONE:
             protocol.start_next_cycle()
         self.phase = Phase.IDLE
         return True
