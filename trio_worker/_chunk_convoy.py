@@ -1,8 +1,10 @@
 """The per-worker stream poster: the chunks of every job, posted together, one write a round.
 
-Every streaming job's :func:`~trio_worker._chunk_posts.post_chunks` hands its waiting chunks
-to the one :class:`ChunkConvoy` of the worker (the runner's ``chunks``), which posts them to
-the job-stream route (docs/protocol.md §2.4).
+Every streaming job's :class:`~trio_worker._chunk_posts.ChunkPoster` hands its waiting
+chunks to the one :class:`ChunkConvoy` of the worker (the runner's ``chunks``), which posts
+them to the job-stream route (docs/protocol.md §2.4): boarded with a callback the convoy's
+task calls with their answers (:meth:`ChunkConvoy.board`, no task of the stream's own while
+the platform takes every chunk), or awaited (:meth:`ChunkConvoy.send`).
 
 Posting each stream's chunks on its own connection costs one write, one wake-up and one
 read per chunk: 64 streams of 50 tokens a second are 3,200 request rounds a second, and on
@@ -25,7 +27,7 @@ more is cancelled at once, so it never holds the jobs' nursery open past a shutd
 Where no such place exists (tests with no supervisor), each stream posts its own batch.
 
 What each stream makes of its answers (order, retries, budget) is
-:func:`~trio_worker._chunk_posts.post_chunks`'s business: a round is one attempt at each
+:class:`~trio_worker._chunk_posts.ChunkPoster`'s business: a round is one attempt at each
 chunk in it, and a chunk it did not get an answer for is that stream's to send again, on its
 own, with the delivery's retry policy (:meth:`~trio_worker._delivery.Delivery.post`).
 """
