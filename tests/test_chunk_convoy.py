@@ -9,6 +9,7 @@ running the rounds cancelled, no place to run them.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -16,7 +17,7 @@ import trio
 import trio.testing
 
 from trio_worker._chunk_convoy import BATCH_BYTES, BATCH_REQUESTS, ChunkConvoy
-from trio_worker._chunk_posts import _take_batch
+from trio_worker._chunk_posts import take_batch
 from trio_worker._platform._http import HttpResponse
 
 OK = HttpResponse(200, {}, b"")
@@ -207,11 +208,9 @@ async def test_a_round_goes_on_for_those_still_waiting(
     ],
 )
 async def test_a_streams_batch_and_a_round_share_one_limit(sizes: list[int], taken: int) -> None:
-    send, receive = trio.open_memory_channel[bytes](len(sizes))
-    for size in sizes:
-        send.send_nowait(b"x" * size)
-    first = receive.receive_nowait()
-    batch = _take_batch(first, receive)
+    pending = deque(b"x" * size for size in sizes)
+    batch = take_batch(pending)
+    assert len(pending) == len(sizes) - taken
     assert len(batch) == taken
     assert sum(map(len, batch)) < BATCH_BYTES + max(sizes)
     # A round holds that batch whole; another stream's chunk, which would take it past the

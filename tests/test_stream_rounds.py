@@ -15,6 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import pytest
 import trio
 
 from trio_worker.testing import FakePlatform, Fault
@@ -106,3 +107,42 @@ async def test_each_answer_of_a_shared_round_goes_to_its_own_stream_and_chunk(
         503,
         200,
     ]
+
+
+class SpawnedTasks(trio.abc.Instrument):
+    """The name of every task started while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize("trouble", [False, True])
+async def test_a_calm_stream_posts_its_chunks_with_no_task_of_its_own(
+    backend: str, virtual_clock: trio.abc.Clock, trouble: bool
+) -> None:
+    # docs/protocol.md §2.4, "No task switch per chunk": while the platform takes every
+    # chunk, the rounds' task carries the stream on; only trouble starts a task of the
+    # stream's own (here a 503 to chunk 2), which then does the retrying.
+    sleep = sleep_for(backend)
+
+    async def stream(job: dict[str, Any]) -> Any:
+        for n in range(CHUNKS):
+            await sleep(0.1)
+            yield n
+
+    plan = {("A", 2): Fault("stream", status=503)} if trouble else {}
+    platform = PerChunkAnswers(plan)
+    spawned = SpawnedTasks()
+    async with running(platform, stream, backend=backend):
+        trio.lowlevel.add_instrument(spawned)
+        platform.enqueue({}, job_id="A")
+        job = await finished(platform, "A", "COMPLETED")
+        trio.lowlevel.remove_instrument(spawned)
+    assert platform.plan == {}
+    assert job.stream == list(range(CHUNKS))
+    own = [name for name in spawned.names if name.startswith("trio_worker._chunk_posts.")]
+    assert bool(own) == trouble, own

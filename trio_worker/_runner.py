@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ import trio
 
 from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
-from ._chunk_posts import STREAM_PIPELINE_DEPTH, ChunkSink, post_chunks
+from ._chunk_posts import ChunkPoster, ChunkSink
 from ._compat import clear_reference_debugger
 from ._errors import (
     MAX_ERROR_BODY_BYTES,
@@ -247,57 +246,63 @@ class JobRunner:
         aggregate: list[object] | None = [] if self.spec.return_aggregate_stream else None
         final: dict[str, Any] | None = None
         status: SystemExit | KeyboardInterrupt | None = None
-        send, receive = trio.open_memory_channel[bytes](STREAM_PIPELINE_DEPTH)
-        undelivered: list[int] = []
         async with trio.open_nursery() as nursery:
-            budget = self.settings.timings.report_budget
-            nursery.start_soon(
-                functools.partial(
-                    post_chunks, self.chunks, job.id, receive, undelivered, budget=budget
-                )
+            poster = ChunkPoster(
+                self.chunks, job.id, nursery, budget=self.settings.timings.report_budget
             )
             # aclosing: a stream left early (error chunk, non-JSON chunk) runs the user's
             # cleanup now, not whenever the generator is garbage collected.
             chunks = aiter(stream)
-            async with send, contextlib.aclosing(chunks):
-                try:
-                    async for chunk in chunks:
-                        if isinstance(chunk, dict) and chunk.get("error"):
-                            # The reference's rule: an error chunk ends the stream, unstreamed.
-                            final = {"error": self._error_chunk_text(chunk["error"])}
-                            log_failed_job(
-                                job.id, "error chunk", final["error"], "unknown", self.settings
-                            )
-                            break
-                        try:
-                            encoded = encode_result({"output": chunk})
-                        except ResultEncodingError as err:
-                            final = self._chunk_error(err)
-                            log_failed_job(
-                                job.id, error_type_name(err), str(err), "unknown", self.settings
-                            )
-                            break
-                        await send.send(encoded)
-                        if aggregate is not None:
-                            aggregate.append(chunk)
-                except BaseException as exc:
-                    if is_cancellation(exc):
-                        raise
-                    exc, status = process_exit(exc)
-                    exc = self.spec.backend.explain(exc)
-                    logs = self._logs(output, mark)
-                    log_failed_job(
-                        job.id,
-                        error_type_name(exc),
-                        safe_str(exc),
-                        classify(exc, logs),
-                        self.settings,
-                    )
-                    final = generator_error_body(exc, logs=logs, redactor=self.settings.redactor)
+            try:
+                async with contextlib.aclosing(chunks):
+                    try:
+                        async for chunk in chunks:
+                            if isinstance(chunk, dict) and chunk.get("error"):
+                                # The reference's rule: an error chunk ends the stream, unstreamed.
+                                final = {"error": self._error_chunk_text(chunk["error"])}
+                                log_failed_job(
+                                    job.id, "error chunk", final["error"], "unknown", self.settings
+                                )
+                                break
+                            try:
+                                encoded = encode_result({"output": chunk})
+                            except ResultEncodingError as err:
+                                final = self._chunk_error(err)
+                                log_failed_job(
+                                    job.id, error_type_name(err), str(err), "unknown", self.settings
+                                )
+                                break
+                            await poster.put(encoded)
+                            if aggregate is not None:
+                                aggregate.append(chunk)
+                    except BaseException as exc:
+                        if is_cancellation(exc):
+                            raise
+                        exc, status = process_exit(exc)
+                        exc = self.spec.backend.explain(exc)
+                        logs = self._logs(output, mark)
+                        log_failed_job(
+                            job.id,
+                            error_type_name(exc),
+                            safe_str(exc),
+                            classify(exc, logs),
+                            self.settings,
+                        )
+                        final = generator_error_body(
+                            exc, logs=logs, redactor=self.settings.redactor
+                        )
+                # The report goes once every chunk is settled: delivered, or counted lost.
+                await poster.settle()
+            finally:
+                poster.abandon()
         if final is None:
             body = stream_final_body(aggregate, aggregate=aggregate is not None)
-            return Report(self._encode(job.id, note_undelivered(body, undelivered)), is_stream=True)
-        final = note_undelivered(final, undelivered, limit=MAX_ERROR_BODY_BYTES - _STOP_POD_ROOM)
+            return Report(
+                self._encode(job.id, note_undelivered(body, poster.undelivered)), is_stream=True
+            )
+        final = note_undelivered(
+            final, poster.undelivered, limit=MAX_ERROR_BODY_BYTES - _STOP_POD_ROOM
+        )
         return Report(encode_body(self._with_refresh(final)), is_stream=True, exit=status)
 
     def _error_chunk_text(self, error: object) -> str:
