@@ -274,8 +274,10 @@ class LoadMonitor(threading.Thread):
             machine, ours = now_machine, now_ours
 
     def summary(self, start: float = 0.0, end: float = float("inf")) -> dict[str, float | None]:
-        """Mean and max of the samples taken between *start* and *end* (monotonic)."""
-        values = [pct for at, pct in self.samples if start <= at <= end]
+        """Mean and max of the samples whose half-second window overlaps *start* to *end*
+        (monotonic): a figure shorter than one window still has the sample covering it."""
+        interval = self.interval
+        values = [pct for at, pct in self.samples if at > start and at - interval < end]
         if not values:
             return {"mean_pct": None, "max_pct": None}
         return {

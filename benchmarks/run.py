@@ -323,9 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[sdk.key] = run_sdk(
                     bench, sdk, spans[sdk.key], against=args.against, check=args.check
                 )
-                # A sample covers the interval before it was taken.
-                end = time.monotonic() + monitor.interval
-                load = monitor.summary(sdk_started + monitor.interval, end)
+                load = monitor.summary(sdk_started, time.monotonic())
                 results[sdk.key]["others_load"] = load
     except BaseException:
         failed = True
@@ -340,8 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine["others_during_run"] = monitor.stop()
     for key, figure_spans in spans.items():
         results[key]["loads"] = {
-            figure: monitor.summary(start + monitor.interval, end + monitor.interval)
-            for figure, (start, end) in figure_spans.items()
+            figure: monitor.summary(start, end) for figure, (start, end) in figure_spans.items()
         }
     settings_dict = {
         "quick": settings.quick,

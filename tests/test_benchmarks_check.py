@@ -16,6 +16,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._check import NOT_COMPARABLE, PASS, WORSE, compare, render
 from benchmarks._cpu_figures import marginal_us
+from benchmarks._procs import LoadMonitor
 from benchmarks._targets import build_targets
 
 MACHINE = {"cpu": "AMD EPYC", "cores": 2}
@@ -128,3 +129,13 @@ def test_targets_hold_on_the_ratio_measured_in_the_run() -> None:
     alone = {row["key"]: row for row in build_targets({"trio_worker": trio})}
     assert alone["cpu_chunk_asyncio"]["holds"] is None
     assert alone["cpu_job_sync"]["holds"] is False
+
+
+def test_a_figure_shorter_than_one_load_sample_gets_the_sample_covering_it() -> None:
+    """A sample covers the half second before it was taken: a figure of 0.2 s between two
+    samples is reported with the later one (it was reported as no reading at all)."""
+    monitor = LoadMonitor(interval=0.5)
+    monitor.samples = [(10.0, 5.0), (10.5, 40.0), (11.0, 7.0)]
+    assert monitor.summary(10.1, 10.3) == {"mean_pct": 40.0, "max_pct": 40.0}
+    assert monitor.summary(10.0, 11.0) == {"mean_pct": 23.5, "max_pct": 40.0}
+    assert monitor.summary() == {"mean_pct": 17.3, "max_pct": 40.0}
