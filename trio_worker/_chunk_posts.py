@@ -125,14 +125,11 @@ class ChunkPoster:
             self._changed.set()
             self._changed = None
 
-    def _take(self) -> list[bytes]:
-        return take_batch(self._pending)
-
     def _next(self) -> None:
         """Send the chunks waiting: boarded on the convoy while calm, else by a task."""
         if self._closed:
             return
-        batch = self._take()
+        batch = take_batch(self._pending)
         self._wake()
         if not (self._calm and self._board(batch)):
             self._posting = True
@@ -195,7 +192,7 @@ class ChunkPoster:
                     self._index += 1
                 if not self._pending or self._closed:
                     return
-                batch = self._take()
+                batch = take_batch(self._pending)
                 self._wake()
                 answers = None
                 if self._calm and self._board(batch):

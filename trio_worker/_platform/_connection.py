@@ -151,18 +151,18 @@ class Connection:
         # h11 is typed for bytes; memory streams may hand out a bytearray.
         self.protocol.receive_data(data if type(data) is bytes else bytes(data))
 
-    def failure(self, exc: BaseException) -> BaseException:
-        """What a request raises for *exc*, raised while it ran on this connection: the
-        package's own error for a failed stream or h11's verdict on an answer,
-        :class:`StaleConnection` for a stale kept-alive connection (the request goes
-        again); anything else (a cancellation) as it is."""
-        if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-            if self.stale:
-                return StaleConnection()
-            return TransportError(f"connection lost with {self.origin.where}: {exc!r}")
+    def failure(
+        self,
+        exc: trio.BrokenResourceError | trio.ClosedResourceError | OSError | h11.ProtocolError,
+    ) -> Exception:
+        """What a request raises for *exc*, raised while it ran on this connection: h11's
+        verdict on an answer or a failed stream as the package's own error, a stale
+        kept-alive connection as :class:`StaleConnection` (the request goes again)."""
         if isinstance(exc, h11.ProtocolError):
             return self._protocol_failure(exc)
-        return exc
+        if self.stale:
+            return StaleConnection()
+        return TransportError(f"connection lost with {self.origin.where}: {exc!r}")
 
     def _protocol_failure(self, exc: h11.ProtocolError) -> TransportError:
         where = self.origin.where

@@ -151,9 +151,12 @@ class LeanHttp:
                 try:
                     await connection.stream.send_all(wire)
                     clean = await read_answers(connection, method, len(requests), answers, bounds)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    raise connection.failure(exc) from exc
-                except h11.ProtocolError as exc:
+                except (
+                    trio.BrokenResourceError,
+                    trio.ClosedResourceError,
+                    OSError,
+                    h11.ProtocolError,
+                ) as exc:
                     raise connection.failure(exc) from exc
             # Connection.aclose closes the stream even when cancelled (it only raises
             # afterwards), so no connection outlives a cancelled or failed request and
