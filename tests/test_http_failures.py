@@ -4,6 +4,8 @@ nothing of the request was processed (over real loopback)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 import trio
 
@@ -283,7 +285,9 @@ async def test_cancelled_connect_leaks_nothing(
 # --------------------------------------------------------------------------------------
 
 
-async def test_aclose_closes_idle_connections(server: Server) -> None:
+def answer_once_two_are_in(server: Server) -> Callable[[Peer], Awaitable[None]]:
+    """A handler that holds every answer until two requests have arrived (so two
+    connections are open at once), then echoes each request's target."""
     gate = trio.Event()
 
     async def handler(peer: Peer) -> None:
@@ -293,7 +297,11 @@ async def test_aclose_closes_idle_connections(server: Server) -> None:
             await gate.wait()
             await peer.send([response(request.target.encode())])
 
-    server.handler = handler
+    return handler
+
+
+async def test_aclose_closes_idle_connections(server: Server) -> None:
+    server.handler = answer_once_two_are_in(server)
     lean = LeanHttp(STATIC_HEADERS)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
@@ -358,16 +366,7 @@ async def test_stale_connection_is_retried_on_a_fresh_one(
 
 
 async def test_several_stale_connections_are_all_skipped(server: Server, client: LeanHttp) -> None:
-    gate = trio.Event()
-
-    async def handler(peer: Peer) -> None:
-        while (request := await peer.read_request()) is not None:
-            if len(server.requests) >= 2:
-                gate.set()
-            await gate.wait()
-            await peer.send([response(request.target.encode())])
-
-    server.handler = handler
+    server.handler = answer_once_two_are_in(server)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.request, "GET", server.url("/a"))
