@@ -7,6 +7,7 @@ import contextlib
 import functools
 import operator
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from typing import Any, cast
 
@@ -719,6 +720,60 @@ async def test_trio_from_thread_finds_the_loop_inside_a_sync_handler() -> None:
         handler, HandlerKind.SYNC, JOB, ThreadWaits(), backend=BACKENDS["trio"]
     )
     assert result == loop_thread
+
+
+async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on() -> None:
+    """One way into a thread for all sync user code: the generator's cleanup too."""
+    steps: list[int] = []
+    closed_on: list[int] = []
+
+    def gen() -> Generator[object, None, None]:
+        try:
+            while True:
+                steps.append(threading.get_ident())
+                yield len(steps)
+        finally:
+            closed_on.append(threading.get_ident())
+
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(gen(), ThreadWaits())))
+    async with contextlib.aclosing(chunks):
+        assert await anext(chunks) == 1
+        assert await anext(chunks) == 2
+    assert closed_on == steps[:1] and steps == [steps[0]] * 2
+    assert closed_on[0] != threading.get_ident()
+
+
+async def test_outcomes_finished_before_the_loop_collects_them_share_one_message() -> None:
+    """Each message back is a write to trio's wake-up socket: threads that finish while one
+    is on its way add their outcome to it instead of posting their own."""
+    from trio_worker import _threads
+
+    release = threading.Event()
+    started = [threading.Event() for _ in range(3)]
+    results: list[int] = []
+
+    def wait_then_return(index: int) -> int:
+        started[index].set()
+        release.wait(TIMEOUT)
+        return index
+
+    async def call(index: int) -> None:
+        results.append(await run_in_thread(wait_then_return, index, waits=ThreadWaits()))
+
+    async with trio.open_nursery() as nursery:
+        for index in range(3):
+            nursery.start_soon(call, index)
+        for event in started:
+            await trio.to_thread.run_sync(event.wait, TIMEOUT)
+        # The loop's thread blocks here until all three outcomes are on their way back.
+        release.set()
+        returns = _threads._RETURNS.get()
+        deadline = time.monotonic() + TIMEOUT
+        while len(returns._outcomes) < 3 and time.monotonic() < deadline:
+            time.sleep(0.0001)
+        assert len(returns._outcomes) == 3
+        assert trio.lowlevel.current_statistics().run_sync_soon_queue_size == 1
+    assert sorted(results) == [0, 1, 2]
 
 
 async def test_a_sync_handler_sees_the_callers_context() -> None:

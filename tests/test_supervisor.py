@@ -180,9 +180,11 @@ async def test_a_sync_initializer_runs_in_a_thread_and_holds_the_gate_until_it_r
 ) -> None:
     release = threading.Event()
     ran_in: list[threading.Thread] = []
+    names: list[str] = []
 
     def init() -> None:
         ran_in.append(threading.current_thread())
+        names.append(threading.current_thread().name)
         release.wait(30)  # a hang guard; the test sets it
 
     try:
@@ -197,6 +199,7 @@ async def test_a_sync_initializer_runs_in_a_thread_and_holds_the_gate_until_it_r
     assert record.output == {"n": 1}
     [thread] = ran_in
     assert thread is not threading.main_thread()  # not the loop's thread
+    assert names == ["trio_worker initializer"]  # named so a thread dump shows what hangs
 
 
 @BOTH_BACKENDS

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from ._exceptions import ConfigurationError
+from ._threads import INITIALIZER_THREAD, in_thread
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
@@ -291,12 +292,7 @@ def asyncio_initializer(
             return
         # A sync initializer keeps its abandonable thread (boxed, so a coroutine it
         # returns reaches us), and a coroutine it returns runs on the host loop.
-        (result,) = await trio.to_thread.run_sync(
-            lambda: (initializer(),),
-            abandon_on_cancel=True,
-            limiter=trio.CapacityLimiter(1),
-            thread_name="trio_worker initializer",
-        )
+        (result,) = await in_thread(lambda: (initializer(),), name=INITIALIZER_THREAD)
         if inspect.isawaitable(result):
             await await_on_asyncio(result, waits=waits)
 

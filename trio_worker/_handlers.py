@@ -24,7 +24,7 @@ import trio
 
 from ._backends import unwrap_callable as _unwrap
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
-from ._threads import ThreadCall, run_sync
+from ._threads import ThreadCall, in_thread, run_sync
 
 if TYPE_CHECKING:
     from ._backends import Backend
@@ -193,7 +193,7 @@ class Stream:
                 # in a thread as its body ran, bounded so a stuck finally cannot hang us,
                 # and no later than the end of the shutdown grace.
                 with self._waits.shielded(self._close_bound):
-                    await trio.to_thread.run_sync(close, abandon_on_cancel=True)
+                    await in_thread(close)
 
 
 async def call_handler(

@@ -25,6 +25,7 @@ from ._backends import makes_coroutine as is_async_initializer
 from ._categories import classify
 from ._errors import encode_body, format_traceback, init_failed_body, safe_str
 from ._exceptions import InitFailure, InitTimeout
+from ._threads import INITIALIZER_THREAD, in_thread
 
 if TYPE_CHECKING:
     from ._capture import Redactor
@@ -76,13 +77,8 @@ async def call_initializer(initializer: Initializer) -> None:
     if is_async_initializer(initializer):
         await initializer()
         return
-    result = await trio.to_thread.run_sync(
-        initializer,
-        abandon_on_cancel=True,
-        # Its own limiter, so a hung initializer never takes a slot handlers need.
-        limiter=trio.CapacityLimiter(1),
-        thread_name="trio_worker initializer",
-    )
+    # A kept thread of its own: a hung initializer never holds one a handler needs.
+    result = await in_thread(initializer, name=INITIALIZER_THREAD)
     if inspect.isawaitable(result):
         # A sync function returning a coroutine (a wrapped async initializer).
         await result

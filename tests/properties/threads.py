@@ -1,9 +1,10 @@
 """Sync user code in real threads, kept deterministic under a virtual clock.
 
 The worker runs sync handlers, each step of a sync generator, a generator's ``close()`` and
-a sync initializer in threads (``trio.to_thread.run_sync``). ``MockClock``'s autojump only
-sees trio tasks: while a thread works, trio looks idle and the clock would jump, and the
-thread's messages back to the loop would land in whichever loop iteration the OS allows.
+a sync initializer in its kept threads (``trio_worker/_threads.py``). ``MockClock``'s
+autojump only sees trio tasks: while a thread works, trio looks idle and the clock would
+jump, and the thread's messages back to the loop would land in whichever loop iteration the
+OS allows.
 Both would make an example depend on wall-clock luck. The `Baton` removes both:
 
 * **Virtual waits.** The harness's thread code never sleeps for real: it *parks* on the
@@ -13,8 +14,9 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
   trio task is blocked (``trio.testing.wait_all_tasks_blocked``), one thread at a time in a
   fixed order, and the trio thread *blocks* until that thread parks again or returns. So the
   thread's code (its records, ``check_cancelled()``, its result) happens at one well-defined
-  point of the virtual instant. A returning thread's messages to the loop (its result, the
-  worker's "thread finished" event) are waited for before the loop runs on.
+  point of the virtual instant. A returning thread's outcome is waited for until it is on
+  its way to the loop (in a message of its own, or added to one already queued: kept
+  threads share one, ``trio_worker/_threads.py``) before the loop runs on.
 * **Thread starts.** A thread the worker starts is seen at once: an instrument blocks the
   trio thread after the step that started it (``trio.testing.active_thread_count`` grew)
   until the thread parks on the baton, or has posted its result (``close()`` of a finished
@@ -30,7 +32,8 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
   ``check_cancelled()`` (in lock-step) and learns it was abandoned. A cooperative thread then
   stops (``trio.Cancelled`` from ``check_cancelled()``); one that ignores cancellation parks on.
 
-Only public trio API is used: ``to_thread``/``from_thread.check_cancelled``,
+Beyond the count of kept-thread outcomes on their way (``outcomes_on_their_way``), only
+public trio API is used: ``to_thread``/``from_thread.check_cancelled``,
 ``trio.testing.active_thread_count``/``wait_all_tasks_blocked``/``MockClock.jump``,
 ``trio.lowlevel.current_statistics`` and ``add_instrument`` (on the asyncio host, the
 ``HostLoopClock`` reads the loop's private ready queue and timers).
@@ -48,6 +51,7 @@ import trio
 import trio.testing
 
 import trio_worker
+from trio_worker._threads import outcomes_on_their_way
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,9 +62,18 @@ __all__ = ["Baton", "Lane", "RunOver", "in_worker_thread"]
 HANDOVER_LIMIT = 10.0
 # Real seconds the service waits between looks while a thread is on its way in or out.
 CUSHION = 0.0002
-# Messages a finished thread posts to the loop: one, its result (a handler's kept thread
-# posts the result and its end together; an initializer or close thread, the result).
-TAIL_MESSAGES = {"handler": 1, "direct": 1}
+
+
+def _queued() -> int:
+    return trio.lowlevel.current_statistics().run_sync_soon_queue_size
+
+
+def _landed(queued: int, on_way: int) -> bool:
+    """Whether a thread's outcome reached the loop since *queued* messages and *on_way*
+    outcomes were counted: a message of its own, or its outcome added to one already
+    queued (kept threads share a message, ``trio_worker/_threads.py``). The loop's thread
+    is blocked meanwhile, so neither count can fall."""
+    return _queued() > queued or (outcomes_on_their_way() > on_way and _queued() >= 1)
 
 
 class RunOver(BaseException):
@@ -73,7 +86,6 @@ class Parked:
 
     key: tuple[str, int]
     cooperative: bool
-    kind: str  # a key of TAIL_MESSAGES
     state: str = "parked"  # parked | running | done
     delay: float = 0.0  # virtual seconds to wait, counted when the service sees the park
     wake_at: float | None = None
@@ -109,14 +121,14 @@ class Baton(trio.abc.Instrument):
         self._cond = threading.Condition()
         self._threads: list[Parked] = []
         self._entered = 0
-        self._before: tuple[int, int, int] = (0, 0, 0)
+        self._before: tuple[int, int, int, int] = (0, 0, 0, 0)
         self.closed = False
 
     # -- thread side -------------------------------------------------------------------
 
-    def enter(self, key: tuple[str, int], *, cooperative: bool, kind: str) -> tuple[Parked, float]:
+    def enter(self, key: tuple[str, int], *, cooperative: bool) -> tuple[Parked, float]:
         """Register the calling thread and wait for its turn; returns the virtual time."""
-        me = Parked(key, cooperative, kind)
+        me = Parked(key, cooperative)
         with self._cond:
             if self.closed:
                 raise RunOver
@@ -158,23 +170,20 @@ class Baton(trio.abc.Instrument):
     # -- instrument: a thread the worker just started ------------------------------------
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        stats = trio.lowlevel.current_statistics()
         self._before = (
             trio.testing.active_thread_count(),
             self._entered,
-            stats.run_sync_soon_queue_size,
+            _queued(),
+            outcomes_on_their_way(),
         )
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        count, entered, queued = self._before
+        count, entered, queued, on_way = self._before
         if trio.testing.active_thread_count() <= count:
             return
         # The step started a thread: let it reach the baton (or post its result) first.
         self._until(
-            lambda: (
-                self._entered > entered
-                or trio.lowlevel.current_statistics().run_sync_soon_queue_size > queued
-            ),
+            lambda: self._entered > entered or _landed(queued, on_way),
             "a new thread to reach the baton",
         )
 
@@ -225,15 +234,14 @@ class Baton(trio.abc.Instrument):
 
     def _resume(self, t: Parked, reply: object) -> None:
         """Hand the turn to *t* and block until it parks again or has fully returned."""
-        queued = trio.lowlevel.current_statistics().run_sync_soon_queue_size
+        queued, on_way = _queued(), outcomes_on_their_way()
         t.reply, t.state = reply, "running"
         self._cond.notify_all()
         if not self._cond.wait_for(lambda: t.state != "running", HANDOVER_LIMIT):
             raise RuntimeError(f"harness thread {t.key} did not park within {HANDOVER_LIMIT}s")
         if t.state == "done":
-            expected = queued + TAIL_MESSAGES[t.kind]
             self._until(
-                lambda: trio.lowlevel.current_statistics().run_sync_soon_queue_size >= expected,
+                lambda: _landed(queued, on_way),
                 f"the result of harness thread {t.key}",
                 locked=True,
             )
@@ -251,7 +259,7 @@ class Baton(trio.abc.Instrument):
 
     def _busy(self) -> bool:
         """A thread is on its way out (its result not yet collected by its host task)."""
-        if trio.lowlevel.current_statistics().run_sync_soon_queue_size:
+        if _queued() or outcomes_on_their_way():
             return True
         with self._cond:
             hosted = sum(1 for t in self._live() if t.hosted)
@@ -298,20 +306,18 @@ def in_worker_thread() -> bool:
 class Lane:
     """One job's (or the initializer's) sync code, across the threads that run it."""
 
-    def __init__(self, baton: Baton, name: str, *, cooperative: bool, kind: str) -> None:
+    def __init__(self, baton: Baton, name: str, *, cooperative: bool) -> None:
         self.baton = baton
         self.name = name
         self.cooperative = cooperative
-        self.kind = kind
         self.now = math.nan
         self._me: Parked | None = None
         self._count = 0
 
-    def enter(self, kind: str | None = None) -> float:
+    def enter(self) -> float:
         self._count += 1
-        self._me, self.now = self.baton.enter(
-            (self.name, self._count), cooperative=self.cooperative, kind=kind or self.kind
-        )
+        key = (self.name, self._count)
+        self._me, self.now = self.baton.enter(key, cooperative=self.cooperative)
         return self.now
 
     def nap(self, delay: float) -> float:

@@ -175,7 +175,7 @@ class UserCode:
         plan = self.scenario.init
         rec = self.rec
         assert rec.baton is not None
-        lane = Lane(rec.baton, "init", cooperative=not plan.ignores_cancel, kind="direct")
+        lane = Lane(rec.baton, "init", cooperative=not plan.ignores_cancel)
         rec.init_start = lane.enter()
         try:
             try:
@@ -309,9 +309,7 @@ class UserCode:
     def _lane(self, job_id: str, plan: JobPlan) -> Lane:
         assert self.rec.baton is not None
         if job_id not in self.lanes:
-            self.lanes[job_id] = Lane(
-                self.rec.baton, job_id, cooperative=not plan.ignores_cancel, kind="handler"
-            )
+            self.lanes[job_id] = Lane(self.rec.baton, job_id, cooperative=not plan.ignores_cancel)
         return self.lanes[job_id]
 
     def sync_handler(self, job: dict[str, Any]) -> Any:
@@ -376,7 +374,7 @@ class UserCode:
         if not in_worker_thread():
             run.closed = "gc"  # on the trio thread, or after the run: the worker never closed it
             return
-        lane.enter("direct")
+        lane.enter()
         if run.end_seq < 0:
             self._end(run, interrupted=True, at=lane.now)
         run.closed = "worker"

@@ -24,6 +24,7 @@ from .._backends import makes_coroutine
 from .._errors import safe_str
 from .._exceptions import AsyncioUnderTrio, ConfigurationError
 from .._handlers import ThreadWaits
+from .._threads import in_thread
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -176,13 +177,8 @@ async def _call(check: Check, backend: Backend, waits: ThreadWaits) -> None:
         await _await_on(backend, fn(), waits)
         return
     # Boxed, so a coroutine returned by a sync callable (a wrapped async check) reaches us.
-    (result,) = await trio.to_thread.run_sync(
-        lambda: (fn(),),
-        abandon_on_cancel=True,
-        # Its own limiter: a hung check's thread never takes a slot anything else needs.
-        limiter=trio.CapacityLimiter(1),
-        thread_name=f"trio_worker fitness check {check.name}",
-    )
+    # A kept thread of its own: a hung check's thread never holds one anything else needs.
+    (result,) = await in_thread(lambda: (fn(),), name=f"trio_worker fitness check {check.name}")
     if inspect.isawaitable(result):
         await _await_on(backend, result, waits)
 
