@@ -541,3 +541,117 @@ def test_the_host_loop_ends_even_when_a_task_ignores_its_cancellation(
 
     assert trio_worker.run_asyncio_host(main) == "returned"
     assert cancellations  # it was asked to stop, and the host moved on anyway
+
+
+# --- trio's idle waits on the host loop (trio_worker/_guest_tick.py) ---------------------------
+
+
+def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No helper thread per idle wait, and trio still wakes for each kind of event: its
+    I/O, its deadline, a call from another thread, and a thread's result."""
+    import threading
+    import time
+
+    from trio._core import _run, _thread_cache
+
+    from trio_worker._backends import run_asyncio_host
+
+    helper_waits: list[object] = []
+    trio_start_thread_soon = _thread_cache.start_thread_soon
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        helper_waits.append(args[0])
+        trio_start_thread_soon(*args, **kwargs)
+
+    monkeypatch.setattr(_run, "start_thread_soon", counting)
+    woken: list[str] = []
+
+    async def main() -> None:
+        started = time.monotonic()
+        await trio.sleep(0.01)  # a deadline
+        assert time.monotonic() - started >= 0.01
+        woken.append("deadline")
+        ours, theirs = trio.socket.socketpair()
+        with ours, theirs:
+
+            async def send_later() -> None:
+                await trio.sleep(0.005)
+                await theirs.send(b"x")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_later)
+                assert await ours.recv(1) == b"x"  # I/O
+                woken.append("io")
+        token = trio.lowlevel.current_trio_token()
+        called = trio.Event()
+        threading.Timer(0.005, lambda: token.run_sync_soon(called.set)).start()
+        await called.wait()
+        woken.append("another thread")
+        assert await trio.to_thread.run_sync(lambda: "done") == "done"
+        woken.append("thread result")
+
+    run_asyncio_host(main)
+    assert woken == ["deadline", "io", "another thread", "thread result"]
+    assert helper_waits == []  # trio's own tick starts one per idle wait
+
+
+def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the runs the worker starts wait on the host loop: another library's guest run
+    in the same process still waits in trio's helper thread, and still works."""
+    from trio._core import _run, _thread_cache
+
+    from trio_worker import _guest_tick
+
+    assert _guest_tick.install()
+    helper_waits: list[object] = []
+    trio_start_thread_soon = _thread_cache.start_thread_soon
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        helper_waits.append(args[0])
+        trio_start_thread_soon(*args, **kwargs)
+
+    monkeypatch.setattr(_run, "start_thread_soon", counting)
+
+    async def trio_main() -> str:
+        await trio.sleep(0.005)
+        return "slept"
+
+    async def host() -> str:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=loop.call_soon,
+            done_callback=done.set_result,
+        )
+        return str((await done).unwrap())
+
+    assert asyncio.run(host()) == "slept"
+    assert helper_waits  # trio's own tick: its idle wait went to the helper thread
+
+
+def test_the_host_loop_tick_is_not_installed_on_a_trio_whose_guest_run_differs() -> None:
+    """A trio release whose guest run lacks a field the tick uses keeps its own tick."""
+    import attrs
+
+    from trio_worker import _guest_tick
+
+    def trios_tick(self: object) -> None: ...
+
+    @attrs.define
+    class RenamedState:
+        runner: object
+        run_sync_soon_not_threadsafe: object
+        done_callback: object
+        unrolled_run_generator: object  # renamed
+        unrolled_run_next_send: object
+
+        guest_tick = trios_tick
+
+    assert not _guest_tick.install(RenamedState)
+    assert RenamedState.guest_tick is trios_tick

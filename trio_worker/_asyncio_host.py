@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import trio
 
 from ._exceptions import ConfigurationError
+from ._guest_tick import HostCallSoon
+from ._guest_tick import install as install_guest_tick
 from ._threads import INITIALIZER_THREAD, in_thread
 
 if TYPE_CHECKING:
@@ -159,10 +161,12 @@ async def _host_main(
             return await async_fn(*args)
         raise trio.Cancelled._create()  # the host was cancelled (Ctrl-C under asyncio.run)
 
+    install_guest_tick()
     trio.lowlevel.start_guest_run(
         guest_main,
         run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-        run_sync_soon_not_threadsafe=loop.call_soon,
+        # trio's idle waits happen on this loop, not in a helper thread (._guest_tick).
+        run_sync_soon_not_threadsafe=HostCallSoon(loop),
         done_callback=done.set_result,
         # asyncio installs its own wakeup fd when signal handlers are added to the loop.
         host_uses_signal_set_wakeup_fd=True,
