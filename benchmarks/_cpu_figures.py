@@ -16,11 +16,16 @@ a fixed count would take minutes; its units are then the jobs finished at the re
 The floor is ``floor_client.py raw``: one blocking socket, prebuilt requests. Its CPU per job
 is its own ``time.process_time()`` around the take/done loop, read inside the process after
 the interpreter has started and imported everything, so start-up is already out of it.
+
+The paced handler alone (``handler_alone.py``) is the paced-streams generator with no SDK:
+the part of a paced chunk's CPU that every SDK pays, measured the same marginal way, inside
+its process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
     from benchmarks._sdks import Sdk
 
 FLOOR_CLIENT = Path(__file__).with_name("floor_client.py")
+HANDLER_ALONE = Path(__file__).with_name("handler_alone.py")
 
 
 def marginal_us(short: tuple[float, float], long: tuple[float, float]) -> float | None:
@@ -143,3 +149,29 @@ def floor(bench: Bench) -> Result:
     answer["cpu_us_per_job"] = statistics.median(samples)
     answer["cpu_us_samples"] = samples
     return answer
+
+
+def handler_alone(bench: Bench) -> Result:
+    """The paced-streams handler with no SDK, per backend: its own CPU per chunk (the
+    median of ``cpu_pairs`` short/long pairs, run inside one process)."""
+    s = bench.settings
+    results: Result = {}
+    for backend in ("asyncio", "trio"):
+        completed = subprocess.run(
+            [
+                sys.executable,
+                str(HANDLER_ALONE),
+                backend,
+                str(s.streams),
+                str(s.paced_short_chunks),
+                str(s.paced_chunks),
+                str(s.cpu_pairs),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+            env={**os.environ, "BENCH_CHUNK_INTERVAL": str(s.paced_interval)},
+        )
+        results[backend] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return results

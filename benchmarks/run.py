@@ -183,6 +183,11 @@ def run_sdk(
         # The floor belongs to no SDK; it is kept with trio_worker's figures, its target.
         attempt("the floor (raw socket loop)", "floor", partial(_cpu_figures.floor, bench))
         attempt(
+            "the paced handler alone, no SDK",
+            "handler_alone",
+            partial(_cpu_figures.handler_alone, bench),
+        )
+        attempt(
             "64 paced streams, CPU per chunk, trio backend",
             "paced_trio",
             partial(_cpu_figures.paced_with_cpu, bench, sdk, "trio"),

@@ -546,26 +546,32 @@ def test_the_host_loop_ends_even_when_a_task_ignores_its_cancellation(
 # --- trio's idle waits on the host loop (trio_worker/_guest_tick.py) ---------------------------
 
 
+@pytest.fixture
+def helper_waits(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The waits trio's own guest tick hands to its helper thread, from now on."""
+    from trio._core import _run, _thread_cache
+
+    waits: list[object] = []
+    trio_start_thread_soon = _thread_cache.start_thread_soon
+
+    def counting(*args: Any, **kwargs: Any) -> None:
+        waits.append(args[0])
+        trio_start_thread_soon(*args, **kwargs)
+
+    monkeypatch.setattr(_run, "start_thread_soon", counting)
+    return waits
+
+
 def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_it(
-    monkeypatch: pytest.MonkeyPatch,
+    helper_waits: list[object],
 ) -> None:
     """No helper thread per idle wait, and trio still wakes for each kind of event: its
     I/O, its deadline, a call from another thread, and a thread's result."""
     import threading
     import time
 
-    from trio._core import _run, _thread_cache
-
     from trio_worker._backends import run_asyncio_host
 
-    helper_waits: list[object] = []
-    trio_start_thread_soon = _thread_cache.start_thread_soon
-
-    def counting(*args: Any, **kwargs: Any) -> None:
-        helper_waits.append(args[0])
-        trio_start_thread_soon(*args, **kwargs)
-
-    monkeypatch.setattr(_run, "start_thread_soon", counting)
     woken: list[str] = []
 
     async def main() -> None:
@@ -597,24 +603,12 @@ def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_i
     assert helper_waits == []  # trio's own tick starts one per idle wait
 
 
-def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(helper_waits: list[object]) -> None:
     """Only the runs the worker starts wait on the host loop: another library's guest run
     in the same process still waits in trio's helper thread, and still works."""
-    from trio._core import _run, _thread_cache
-
     from trio_worker import _guest_tick
 
     assert _guest_tick.install()
-    helper_waits: list[object] = []
-    trio_start_thread_soon = _thread_cache.start_thread_soon
-
-    def counting(*args: Any, **kwargs: Any) -> None:
-        helper_waits.append(args[0])
-        trio_start_thread_soon(*args, **kwargs)
-
-    monkeypatch.setattr(_run, "start_thread_soon", counting)
 
     async def trio_main() -> str:
         await trio.sleep(0.005)

@@ -73,6 +73,8 @@ EXPECTED_ROWS = {
 EXPECTED_TARGETS = (
     "cpu_chunk_asyncio",
     "cpu_chunk_trio",
+    "handler_alone_asyncio",
+    "handler_alone_trio",
     "paced_p50",
     "paced_p99",
     "streams64",
@@ -80,7 +82,13 @@ EXPECTED_TARGETS = (
     "first_take",
     "jobs_c8_against",
 )
-MARGINAL = {"cpu_chunk_asyncio", "cpu_chunk_trio", "cpu_job_sync"}
+MARGINAL = {
+    "cpu_chunk_asyncio",
+    "cpu_chunk_trio",
+    "handler_alone_asyncio",
+    "handler_alone_trio",
+    "cpu_job_sync",
+}
 
 
 @pytest.mark.slow
