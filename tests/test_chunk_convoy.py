@@ -144,6 +144,67 @@ async def test_when_the_rounds_task_is_cancelled_no_sender_is_left_waiting(
     assert len(post.rounds) == 1
 
 
+class TimedPost(Post):
+    """A Post that also notes when each round left."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left: list[float] = []
+
+    async def __call__(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
+        self.left.append(trio.current_time())
+        return await super().__call__(requests)
+
+
+async def test_a_lingering_round_leaves_once_every_open_stream_has_boarded(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The asyncio backend's linger: a round waits for the other open streams' chunks, up
+    to the linger, and no longer than until every open stream has a batch waiting."""
+    post = TimedPost()
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery), linger=0.001)
+        for _ in range(3):
+            convoy.stream_opened()
+
+        async def send(job: str, after: float) -> None:
+            await trio.sleep(after)
+            await convoy.send(batch(job, 1))
+
+        nursery.start_soon(send, "a", 0.0)
+        nursery.start_soon(send, "b", 0.0003)
+        nursery.start_soon(send, "c", 0.0006)  # the last open stream: the round leaves
+        nursery.start_soon(send, "d", 0.5)  # its stream is new and alone after the others
+    assert [len(r) for r in post.rounds] == [3, 1]
+    assert post.left[0] == pytest.approx(0.0006)
+
+
+async def test_a_lingering_round_leaves_after_the_linger_without_the_slow_streams(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    post = TimedPost()
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery), linger=0.001)
+        for _ in range(64):
+            convoy.stream_opened()
+        nursery.start_soon(convoy.send, batch("a", 1))
+        nursery.start_soon(convoy.send, batch("b", 2))
+    assert [len(r) for r in post.rounds] == [3]
+    assert post.left == [pytest.approx(0.001)]
+
+
+async def test_a_lone_stream_does_not_linger(autojump_clock: trio.testing.MockClock) -> None:
+    """A stream boards one batch at a time: waiting for more of its own gains nothing."""
+    post = TimedPost()
+    async with trio.open_nursery() as nursery:
+        convoy = ChunkConvoy(post, beside(nursery), linger=0.001)
+        convoy.stream_opened()
+        convoy.stream_opened()
+        convoy.stream_closed()  # one of the two ended: the other is alone
+        await convoy.send(batch("a", 2))
+    assert post.left == [0.0]
+
+
 @pytest.mark.parametrize("place", ["none", "closed"])
 async def test_with_no_place_for_rounds_each_batch_goes_on_its_own(
     place: str, autojump_clock: trio.testing.MockClock

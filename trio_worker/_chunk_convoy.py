@@ -117,11 +117,19 @@ class ChunkConvoy:
     when built with the worker's *delivery*."""
 
     def __init__(
-        self, post: PostPipelined, spawn: Spawn | None, *, delivery: Delivery | None = None
+        self,
+        post: PostPipelined,
+        spawn: Spawn | None,
+        *,
+        delivery: Delivery | None = None,
+        linger: float = 0.0,
     ) -> None:
         self._post = post
         self._spawn = spawn
         self._delivery = delivery
+        self._linger = linger  # seconds a round waits for more batches; 0: BOARDING_PASSES
+        self._streams = 0  # open streams (ChunkPoster), each with at most one seat waiting
+        self._all_aboard: trio.Event | None = None
         self._waiting: deque[Seat] = deque()
         self._driving = False
         self._boarded: list[Seat] = []
@@ -188,6 +196,37 @@ class ChunkConvoy:
             raise RuntimeError("a ChunkConvoy built without a delivery posts no stream chunks")
         return self._delivery
 
+    # -- streams ------------------------------------------------------------------------
+
+    def stream_opened(self) -> None:
+        """A stream will board here (at most one seat of it waiting at a time)."""
+        self._streams += 1
+
+    def stream_closed(self) -> None:
+        """A stream said :meth:`stream_opened` is over: a lingering round waits no more
+        for it."""
+        self._streams -= 1
+        self._boarded_one()
+
+    def _boarded_one(self) -> None:
+        if self._all_aboard is not None and len(self._waiting) >= self._streams:
+            self._all_aboard.set()
+
+    async def _gather(self) -> None:
+        """Before a round: wait for more batches to board. With a linger, up to that long,
+        but no longer than until every open stream has a seat waiting (a stream boards one
+        batch at a time, so a lone fast stream never waits); otherwise a few passes."""
+        if self._linger > 0 and len(self._waiting) < self._streams:
+            self._all_aboard = trio.Event()
+            try:
+                with trio.move_on_after(self._linger):
+                    await self._all_aboard.wait()
+            finally:
+                self._all_aboard = None
+            return
+        for _ in range(BOARDING_PASSES):
+            await trio.lowlevel.checkpoint()
+
     # -- rounds ---------------------------------------------------------------------------
 
     async def send(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
@@ -200,6 +239,7 @@ class ChunkConvoy:
         answered = trio.Event()
         seat = Seat(requests, answered=answered)
         self._waiting.append(seat)
+        self._boarded_one()
         try:
             await answered.wait()
         finally:
@@ -221,6 +261,7 @@ class ChunkConvoy:
         url = delivery.settings.platform.stream_url(job_id)
         seat = Seat([(url, body) for body in bodies], callback=callback)
         self._waiting.append(seat)
+        self._boarded_one()
         return seat
 
     def abandon(self, seat: Seat) -> None:
@@ -241,10 +282,10 @@ class ChunkConvoy:
         try:
             while True:
                 # Lets the streams with a batch ready now, and those whose generators wake
-                # in the next scheduler passes (their timers due meanwhile), join the round
-                # about to start: fewer, fuller rounds for a few passes' wait.
-                for _ in range(BOARDING_PASSES):
-                    await trio.lowlevel.checkpoint()
+                # in the next scheduler passes (their timers due meanwhile) or within the
+                # backend's linger (Backend.round_linger), join the round about to start:
+                # fewer, fuller rounds.
+                await self._gather()
                 if not self._waiting:
                     return
                 self._boarded = boarded = self._board()

@@ -93,6 +93,9 @@ class ChunkPoster:
         self._calm = True
         self._closed = False
         self._changed: trio.Event | None = None
+        self._counted = self._convoy is not None  # among the convoy's open streams
+        if self._convoy is not None:
+            self._convoy.stream_opened()
 
     async def put(self, body: bytes) -> None:
         """Queue *body*; waits only while the stream's backlog is full."""
@@ -115,6 +118,9 @@ class ChunkPoster:
         if self._seat is not None and self._convoy is not None:
             self._convoy.abandon(self._seat)
         self._seat = None
+        if self._counted and self._convoy is not None:
+            self._counted = False
+            self._convoy.stream_closed()
 
     async def _wait(self) -> None:
         self._changed = changed = trio.Event()

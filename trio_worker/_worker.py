@@ -269,7 +269,12 @@ def _build(
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
-        ChunkConvoy(client.post_pipelined, beside_the_jobs, delivery=delivery),
+        ChunkConvoy(
+            client.post_pipelined,
+            beside_the_jobs,
+            delivery=delivery,
+            linger=options.backend.round_linger,
+        ),
         capture,
         waits,
         shared_process,
