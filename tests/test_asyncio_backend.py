@@ -576,14 +576,14 @@ def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_i
 
     async def main() -> None:
         started = time.monotonic()
-        await trio.sleep(0.01)  # a deadline
-        assert time.monotonic() - started >= 0.01
+        await trio.sleep(0.002)  # a deadline
+        assert time.monotonic() - started >= 0.002
         woken.append("deadline")
         ours, theirs = trio.socket.socketpair()
         with ours, theirs:
 
             async def send_later() -> None:
-                await trio.sleep(0.005)
+                await trio.sleep(0.001)
                 await theirs.send(b"x")
 
             async with trio.open_nursery() as nursery:
@@ -592,7 +592,7 @@ def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_i
                 woken.append("io")
         token = trio.lowlevel.current_trio_token()
         called = trio.Event()
-        threading.Timer(0.005, lambda: token.run_sync_soon(called.set)).start()
+        threading.Timer(0.001, lambda: token.run_sync_soon(called.set)).start()
         await called.wait()
         woken.append("another thread")
         assert await trio.to_thread.run_sync(lambda: "done") == "done"
@@ -611,7 +611,7 @@ def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(helper_waits: list[o
     assert _guest_tick.install()
 
     async def trio_main() -> str:
-        await trio.sleep(0.005)
+        await trio.sleep(0.002)
         return "slept"
 
     async def host() -> str:

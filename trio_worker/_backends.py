@@ -149,9 +149,10 @@ class AsyncioBackend(Backend):
     name = "asyncio"
     # Each round costs trio, as the loop's guest, wake-ups the trio backend does not pay,
     # and a few scheduler passes there gather few chunks (about 3 a round at 64 streams of
-    # 50 chunks/s). Waiting 1 ms gathered more: CPU per paced chunk 179-205 -> 131-143 us,
-    # yield-to-receipt p50 0.5 -> 1.8-2.3 ms, p99 2.9-3.1 -> 4.6-5.3 ms (alternating runs;
-    # docs/benchmarks.md). On trio the same wait saved 14% for as much latency: not taken.
+    # 50 chunks/s). Waiting up to 1 ms (until every open stream has boarded) gathered more:
+    # CPU per paced chunk 149-200 -> 128 us, yield-to-receipt p50 0.5 -> 2.3 ms, p99
+    # 2.6-3.0 -> 4.8 ms (alternating runs; docs/benchmarks.md). On trio the same wait saved
+    # 14% for as much latency: not taken.
     round_linger = 0.001
 
     def __init__(self) -> None:

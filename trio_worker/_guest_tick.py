@@ -41,10 +41,13 @@ class HostCallSoon:
     """``loop.call_soon`` for ``start_guest_run``, marking the run as one whose idle waits
     happen on *loop* (see the module docstring)."""
 
-    __slots__ = ("loop",)
+    __slots__ = ("epoll_fd", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        #: The run's epoll descriptor, looked up at its first tick (None before it, and
+        #: on a trio whose I/O manager is not epoll).
+        self.epoll_fd: int | None = None
 
     def __call__(self, callback: Callable[[], object]) -> None:
         self.loop.call_soon(callback)
@@ -58,7 +61,11 @@ def _epoll_fd(state: Any) -> int | None:
 def guest_tick(state: Any) -> None:
     """``GuestState.guest_tick``, waiting on the host loop for runs started here."""
     host = state.run_sync_soon_not_threadsafe
-    fd = _epoll_fd(state) if isinstance(host, HostCallSoon) else None
+    fd = None
+    if isinstance(host, HostCallSoon):
+        if host.epoll_fd is None:
+            host.epoll_fd = _epoll_fd(state)
+        fd = host.epoll_fd
     if fd is None:
         _trio_guest_tick(state)
         return

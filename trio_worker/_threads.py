@@ -10,13 +10,16 @@ Here a call costs one put into an idle thread's queue and at most one ``run_sync
 back, which both reports the outcome and says the thread has ended. Outcomes that finish
 while the loop has not yet collected earlier ones ride the message already on its way
 (:class:`_Returns`): each message is a write to trio's wake-up socket, and on a 2-core
-machine a no-op call cost 78 µs of CPU with one message per call, 62 µs with them shared
-(median of three runs of 8 tasks calling a no-op 3,000 times each). Threads are kept while
+machine a no-op call cost 78 µs of CPU with one message per call, 56 µs with them shared
+(median of three runs of 8 tasks calling a no-op 3,000 times each; a whole sync job at
+concurrency 8 did not move beyond the noise). Threads are kept while
 they are used and leave after ``IDLE_SECONDS`` unused, as trio's own cache does.
 
-Every piece of sync user code the worker runs comes through here (:func:`in_thread`): a
-handler, each step of a sync generator and its ``close()``, a sync initializer, a sync
-fitness check. One way in, so what holds inside one (below) holds inside all of them.
+Every piece of sync user code the worker runs comes through here (:func:`run_sync`): a
+handler and each step of a sync generator (through ``_handlers.run_in_thread``, which also
+waits for an abandoned thread's end), a generator's ``close()``, a sync initializer, a sync
+fitness check (through :func:`in_thread`). One way in, so what holds inside one (below)
+holds inside all of them.
 
 What trio promises inside a ``trio.to_thread`` thread holds here too, through trio's
 per-thread record of the calling task (the one ``to_thread`` fills): ``trio.from_thread``
