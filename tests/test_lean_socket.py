@@ -61,6 +61,44 @@ async def test_a_read_waits_for_bytes_and_sees_the_peers_close(
             assert await stream.receive_some(16) == b""
 
 
+class CountingSocket(socket.socket):
+    """A socket that counts its ``recv`` calls."""
+
+    recvs = 0
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self.recvs += 1
+        return super().recv(size, flags)
+
+
+async def test_the_first_read_after_a_write_waits_for_the_answer_instead_of_finding_none() -> None:
+    ours, peer = socket.socketpair()
+    counting = CountingSocket(fileno=ours.detach())
+    stream = LeanSocketStream(counting)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def answer() -> None:
+                await trio.testing.wait_all_tasks_blocked()
+                assert counting.recvs == 0  # parked on the socket, no empty read first
+                assert peer.recv(16) == b"ask"
+                peer.sendall(b"answer")
+
+            nursery.start_soon(answer)
+            await stream.send_all(b"ask")
+            with trio.fail_after(TIMEOUT):
+                assert await stream.receive_some(16) == b"answer"
+        assert counting.recvs == 1
+        # A later read with nothing sent in between tries the socket first, as before.
+        peer.sendall(b"more")
+        with trio.testing.assert_no_checkpoints():
+            assert await stream.receive_some(16) == b"more"
+        assert counting.recvs == 2
+    finally:
+        counting.close()
+        peer.close()
+
+
 async def test_a_write_larger_than_the_socket_buffer_goes_out_whole(
     pair: tuple[LeanSocketStream, socket.socket],
 ) -> None:

@@ -9,9 +9,11 @@ loop's CPU through ``SocketStream`` against 41 µs here (docs/benchmarks.md).
 
 :class:`LeanSocketStream` tries the operation on the non-blocking socket first and parks
 the task (``trio.lowlevel.wait_readable`` / ``wait_writable``, which are checkpoints) only
-when the socket is not ready. What keeps this safe:
+when the socket is not ready. The exception is the first receive after a send: the answer
+needs the peer to run first, so a receive then finds nothing (an exception and a system
+call, once per request); that receive waits first. What keeps this safe:
 
-* every request still waits at least once for its answer in the common case, and
+* every request waits for its answer (that first receive parks the task), and
   :meth:`~._lean.LeanHttp.round` checks for a cancellation before it starts, so a
   request's deadline is honoured as before;
 * a receive that fills the whole buffer (more may be waiting: a large answer arriving
@@ -36,6 +38,8 @@ class LeanSocketStream(trio.abc.Stream):
         self.socket = sock  # the quiet check (_connection) polls it before a reuse
         self._sending = False
         self._receiving = False
+        # Set by a send, cleared by the next receive: see receive_some.
+        self._answer_pending = False
 
     @classmethod
     def adopt(cls, stream: trio.SocketStream) -> LeanSocketStream:
@@ -64,6 +68,7 @@ class LeanSocketStream(trio.abc.Stream):
                         await trio.lowlevel.wait_writable(sock)
                     except OSError as exc:
                         raise _broken(sock, exc) from exc
+            self._answer_pending = True
         finally:
             self._sending = False
 
@@ -79,6 +84,12 @@ class LeanSocketStream(trio.abc.Stream):
         sock = self.socket
         self._receiving = True
         try:
+            if self._answer_pending and sock.fileno() >= 0:
+                # Just sent: the answer cannot be here yet (it needs the peer to run), so a
+                # receive now would only find nothing (an exception and a system call).
+                # Wait for it first; the wait is the receive's checkpoint, as before.
+                self._answer_pending = False
+                await trio.lowlevel.wait_readable(sock)
             while True:
                 if sock.fileno() < 0:
                     raise trio.ClosedResourceError("the stream was closed")
