@@ -354,6 +354,25 @@ async def test_an_answer_nobody_asked_for_on_an_idle_connection_is_never_read(
     ]
 
 
+async def test_a_connection_found_quiet_once_is_checked_again_at_its_next_reuse(
+    server: Server, client: LeanHttp
+) -> None:
+    # The quiet check keeps its poll of the socket from one reuse to the next: the stray
+    # answer comes after the second request's, so only the second check can see it.
+    script = StrayAnswer(server, response(b"", "408 Request Timeout"), after=2)
+    for name in "ABC":
+        server.reply(response(f"{name} stored".encode()))
+    with trio.fail_after(TIMEOUT):
+        a = await client.request("POST", server.url("/job-done/w1/A"), b"{}")
+        b = await client.request("POST", server.url("/job-done/w1/B"), b"{}")
+        script.answers_read.set()
+        await script.stray_sent.wait()
+        await trio.sleep(0.005)  # the stray's bytes cross loopback
+        c = await client.request("POST", server.url("/job-done/w1/C"), b"{}")
+    assert [a.body, b.body, c.body] == [b"A stored", b"B stored", b"C stored"]
+    assert server.accepted == 2  # A and B on the first connection; C on a new one
+
+
 # --------------------------------------------------------------------------------------
 # The connection's named state
 # --------------------------------------------------------------------------------------

@@ -69,6 +69,9 @@ class Connection:
     exchanges: int = 0  # requests (or pipelined rounds) written on it, the current included
     answered: bool = False  # a byte of the current exchange's answers arrived
     answer: AnswerProgress = field(default_factory=AnswerProgress)
+    # The quiet check's socket and its poll object, found and registered once: the
+    # check runs before every reuse (an open socket keeps its descriptor).
+    _quiet_probe: _QuietProbe | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         answer = self.answer
@@ -127,8 +130,10 @@ class Connection:
         A stream without a socket of its own (an in-memory one) cannot be asked, and is
         taken as quiet.
         """
-        sock = _raw_socket(self.stream)
-        return sock is None or not _readable(sock)
+        probe = self._quiet_probe
+        if probe is None:
+            probe = self._quiet_probe = _QuietProbe(_raw_socket(self.stream))
+        return probe.quiet()
 
     async def next_event(self) -> object:
         """h11's next event, reading from the stream as long as it needs more."""
@@ -200,14 +205,25 @@ def _raw_socket(stream: trio.abc.Stream) -> socket.socket | trio.socket.SocketTy
     return None
 
 
-def _readable(sock: socket.socket | trio.socket.SocketType) -> bool:
-    """httpcore's ``is_socket_readable``: a zero-timeout poll of the socket."""
-    fd = sock.fileno()
-    if fd < 0:
-        return True  # closed under us: not usable
-    if not hasattr(select, "poll"):  # pragma: no cover - Windows
-        readable, _, _ = select.select([fd], [], [], 0)
-        return bool(readable)
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+class _QuietProbe:
+    """httpcore's ``is_socket_readable`` for one socket: a zero-timeout poll of it."""
+
+    __slots__ = ("_poller", "_sock")
+
+    def __init__(self, sock: socket.socket | trio.socket.SocketType | None) -> None:
+        self._sock = sock
+        self._poller: select.poll | None = None
+        if sock is not None and hasattr(select, "poll") and sock.fileno() >= 0:
+            self._poller = select.poll()
+            self._poller.register(sock.fileno(), select.POLLIN)
+
+    def quiet(self) -> bool:
+        sock = self._sock
+        if sock is None:
+            return True
+        if sock.fileno() < 0:
+            return False  # closed under us: not usable
+        if self._poller is None:  # pragma: no cover - Windows
+            readable, _, _ = select.select([sock], [], [], 0)
+            return not readable
+        return not self._poller.poll(0)

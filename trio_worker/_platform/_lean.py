@@ -127,19 +127,20 @@ class LeanHttp:
         # The stream yields only when it has to wait (._socket): a request whose deadline
         # passed before it started must not go out.
         await trio.lowlevel.checkpoint_if_cancelled()
-        # One job's batch repeats its URL: each distinct URL is split and checked once.
-        heads = {url: self._heads.head(method, url) for url, _ in requests}
-        origin = heads[requests[0][0]][0]
-        for other, _ in heads.values():
-            if other != origin:
-                raise TransportError(
-                    f"cannot pipeline requests to {origin.where} and {other.where} "
-                    "on one connection"
-                )
         if len(requests) == 1:
             url, body = requests[0]
-            wire = message(heads[url][1], body)
+            origin, head = self._heads.head(method, url)
+            wire = message(head, body)
         else:
+            # One job's batch repeats its URL: each distinct URL is split and checked once.
+            heads = {url: self._heads.head(method, url) for url, _ in requests}
+            origin = heads[requests[0][0]][0]
+            for other, _ in heads.values():
+                if other != origin:
+                    raise TransportError(
+                        f"cannot pipeline requests to {origin.where} and {other.where} "
+                        "on one connection"
+                    )
             wire = b"".join(message(heads[url][1], body) for url, body in requests)
         keep = self._keep_body if keep_body is None else keep_body
         keep = max_body if keep is None else min(keep, max_body)
