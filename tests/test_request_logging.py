@@ -9,6 +9,7 @@ level, while the user's own httpx requests and an explicit httpx level are respe
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -59,10 +60,16 @@ def _ping(platform: Platform, times: int) -> None:
     thread = HeartbeatThread(platform.url, "key", interval=60.0, held=lambda: ("job-1",))
     thread.start()
     try:
+        # The thread's first ping before anything else: stop() does not wait for a ping
+        # the thread has not started (nor long for one in flight), so on a busy machine a
+        # stop right after the others raced it (CI saw 1 ping of 2).
+        deadline = time.monotonic() + 10.0
+        while platform.pings() < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
         for _ in range(times - 1):
             thread.ping_now()
     finally:
-        thread.stop()  # joins the thread, so its ping has been answered
+        thread.stop()
     assert platform.pings() == times
 
 
