@@ -11,6 +11,8 @@ import pytest
 import trio
 import trio.testing
 
+from trio_worker._platform._connection import Connection
+from trio_worker._platform._request import Origin
 from trio_worker._platform._socket import LeanSocketStream
 
 TIMEOUT = 5.0  # a safety bound on each wait; never reached when the code is right
@@ -165,3 +167,22 @@ async def test_a_reset_by_the_peer_is_a_broken_resource(
 
     with trio.fail_after(TIMEOUT), pytest.raises(trio.BrokenResourceError):
         await write_until_refused()
+
+
+async def test_the_quiet_check_sees_a_byte_and_a_socket_closed_under_it() -> None:
+    # The connection keeps one poll of its socket across checks: it must still see a byte
+    # that arrives later, and a socket closed meanwhile must never count as quiet.
+    ours, peer = socket.socketpair()
+    connection = Connection(LeanSocketStream(ours), Origin("http", "platform.test", 80))
+    try:
+        assert connection.is_quiet()
+        assert connection.is_quiet()  # asked again, through the same poll
+        peer.sendall(b"H")
+        assert not connection.is_quiet()
+        ours.recv(1)
+        assert connection.is_quiet()
+        ours.close()
+        assert not connection.is_quiet()
+    finally:
+        ours.close()
+        peer.close()
