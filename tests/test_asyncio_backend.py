@@ -603,6 +603,74 @@ def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_i
     assert helper_waits == []  # trio's own tick starts one per idle wait
 
 
+@pytest.fixture
+def wakeup_bytes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Each byte trio writes to its own wake-up socket to end an idle wait, from now on."""
+    from trio._core._io_epoll import EpollIOManager
+
+    writes: list[object] = []
+    trios_own = EpollIOManager.force_wakeup
+
+    def counting(self: EpollIOManager) -> None:
+        writes.append(self)
+        trios_own(self)
+
+    monkeypatch.setattr(EpollIOManager, "force_wakeup", counting)
+    return writes
+
+
+def test_a_task_woken_by_the_host_loop_needs_no_byte_through_trios_wake_up_socket(
+    wakeup_bytes: list[object],
+) -> None:
+    """An asyncio callback that sets a ``trio.Event`` while trio idles (each chunk of an
+    async generator, each asyncio task's end) wakes trio with a callback on the loop."""
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        woken = 0
+        for _ in range(20):
+            event = trio.Event()
+            loop.call_later(0.0005, event.set)  # set from asyncio, while trio waits
+            with trio.fail_after(WAIT):
+                await event.wait()
+            woken += 1
+        return woken
+
+    assert trio_worker.run_asyncio_host(main) == 20
+    assert wakeup_bytes == []
+
+
+def test_a_guest_run_stops_being_watched_by_its_host_loop_when_it_ends() -> None:
+    """The loop watches the run's epoll descriptor from its first idle wait to its end,
+    and not after: the descriptor is closed then, and its number may be reused."""
+    from trio_worker import _guest_tick
+
+    assert _guest_tick.install()
+    watched: list[set[int]] = []
+
+    async def trio_main() -> None:
+        await trio.sleep(0.001)  # an idle wait: the loop now watches the epoll
+        watched.append(set(asyncio.get_running_loop()._selector.get_map()))  # type: ignore[attr-defined]
+
+    async def host() -> set[int]:
+        loop = asyncio.get_running_loop()
+        before = set(loop._selector.get_map())  # type: ignore[attr-defined]
+        done: asyncio.Future[Any] = loop.create_future()
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=_guest_tick.HostCallSoon(loop),
+            done_callback=done.set_result,
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        (await done).unwrap()
+        return set(loop._selector.get_map()) - before  # type: ignore[attr-defined]
+
+    left_watched = asyncio.run(host())
+    assert len(watched) == 1 and watched[0]  # watched while the run lived
+    assert left_watched == set()
+
+
 def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(helper_waits: list[object]) -> None:
     """Only the runs the worker starts wait on the host loop: another library's guest run
     in the same process still waits in trio's helper thread, and still works."""
@@ -612,6 +680,10 @@ def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(helper_waits: list[o
 
     async def trio_main() -> str:
         await trio.sleep(0.002)
+        event = trio.Event()
+        asyncio.get_running_loop().call_later(0.001, event.set)  # trio's wake-up socket
+        with trio.fail_after(WAIT):
+            await event.wait()
         return "slept"
 
     async def host() -> str:

@@ -10,12 +10,16 @@ paced stream chunk and per no-op job beside the trio backend (docs/benchmarks.md
 On Linux trio's I/O manager is an epoll object, and an epoll object's own descriptor is
 readable while any of its descriptors is ready, wake-ups from other threads and signals
 included (they write to a socket it watches). So the host loop can watch it: when trio
-goes idle, the tick here registers that descriptor with the asyncio loop (``add_reader``)
-and a timer for trio's next deadline, and the loop calls trio back on either, on its own
-thread, with no helper thread at all. Everything else is trio's own tick, unchanged.
+goes idle, the tick here has the asyncio loop watch that descriptor (``add_reader``, once
+per run) and set a timer for trio's next deadline, and the loop calls trio back on either,
+on its own thread, with no helper thread at all. A task scheduled while trio idles (an
+asyncio callback setting a ``trio.Event``: each chunk of an async generator, each asyncio
+task's end) wakes it with a callback on the loop, not a byte through trio's wake-up
+socket. Everything else is trio's own tick, unchanged.
 
-This replaces a private method of trio (``GuestState.guest_tick``; trio 0.22 to 0.35 have
-the same one), and only for the runs this package starts: a run whose host callback is not
+This replaces two private methods of trio (``GuestState.guest_tick`` and
+``Runner.force_guest_tick_asap``; trio 0.22 to 0.35 have the same ones), and only for the
+runs this package starts: a run whose host callback is not
 :class:`HostCallSoon`, or whose I/O manager is not epoll, ticks as trio wrote it.
 ``tests/test_asyncio_backend.py`` checks that no helper thread is used and that every kind
 of wake-up (I/O, a deadline, another thread, a signal) still reaches trio.
@@ -23,6 +27,7 @@ of wake-up (I/O, a deadline, another thread, a signal) still reaches trio.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -34,20 +39,22 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-_trio_guest_tick = _run.GuestState.guest_tick  # trio's own, for runs not started here
+# trio's own, for runs not started here
+_trio_guest_tick = _run.GuestState.guest_tick
+_trio_force_guest_tick_asap = getattr(_run.Runner, "force_guest_tick_asap", None)
 
 
 class HostCallSoon:
     """``loop.call_soon`` for ``start_guest_run``, marking the run as one whose idle waits
     happen on *loop* (see the module docstring)."""
 
-    __slots__ = ("epoll_fd", "loop")
+    __slots__ = ("loop", "waits")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        #: The run's epoll descriptor, looked up at its first tick (None before it, and
-        #: on a trio whose I/O manager is not epoll).
-        self.epoll_fd: int | None = None
+        #: The run's waits on the loop, made at its first tick (None before it, and on a
+        #: trio whose I/O manager is not epoll, which keeps trio's own tick).
+        self.waits: _HostWaits | None = None
 
     def __call__(self, callback: Callable[[], object]) -> None:
         self.loop.call_soon(callback)
@@ -58,24 +65,32 @@ def _epoll_fd(state: Any) -> int | None:
     return None if epoll is None else int(epoll.fileno())
 
 
+# The runs started here, by runner, for the wake-up below (a run leaves at its end).
+_RUNS: weakref.WeakKeyDictionary[Any, _HostWaits] = weakref.WeakKeyDictionary()
+
+
 def guest_tick(state: Any) -> None:
     """``GuestState.guest_tick``, waiting on the host loop for runs started here."""
     host = state.run_sync_soon_not_threadsafe
-    fd = None
+    waits = None
     if isinstance(host, HostCallSoon):
-        if host.epoll_fd is None:
-            host.epoll_fd = _epoll_fd(state)
-        fd = host.epoll_fd
-    if fd is None:
+        if host.waits is None:
+            fd = _epoll_fd(state)
+            if fd is not None:
+                host.waits = _RUNS[state.runner] = _HostWaits(state, host.loop, fd)
+        waits = host.waits
+    if waits is None:
         _trio_guest_tick(state)
         return
     previous, sniffio_library.name = sniffio_library.name, "trio"
     try:
         timeout = state.unrolled_run_next_send.send(state.unrolled_run_gen)
     except StopIteration:
+        waits.close()
         state.done_callback(state.runner.main_task_outcome)
         return
     except trio.TrioInternalError as exc:
+        waits.close()
         state.done_callback(Error(exc))
         return
     finally:
@@ -89,7 +104,21 @@ def guest_tick(state: Any) -> None:
         return
     # Idle: the host loop wakes trio when its epoll has an event or its deadline comes.
     state.runner.guest_tick_scheduled = False
-    _IdleWait(state, host.loop, fd, timeout)
+    waits.idle(timeout)
+
+
+def force_guest_tick_asap(runner: Any) -> None:
+    """``Runner.force_guest_tick_asap``: what trio calls when a task is scheduled (or its
+    next deadline moves) while the run is idle. trio's own writes a byte to its wake-up
+    socket, so that the thread waiting in epoll returns; a run waiting on this thread's
+    host loop is woken with a callback instead, sparing the write, the loop's poll that
+    sees it and trio's read of it. On the asyncio backend that is every chunk an async
+    generator yields while trio idles, and every asyncio task that ends."""
+    if runner.guest_tick_scheduled:
+        return
+    waits = _RUNS.get(runner)
+    if (waits is None or not waits.wake_soon()) and _trio_force_guest_tick_asap is not None:
+        _trio_force_guest_tick_asap(runner)
 
 
 class Timer(Protocol):
@@ -105,30 +134,67 @@ def start_timer(
     return loop.call_later(seconds, callback)
 
 
-class _IdleWait:
-    """One idle wait of a guest run on the host loop: whichever comes first of the epoll
-    descriptor readable and trio's deadline ends it, once."""
+class _HostWaits:
+    """A guest run's idle waits on the host loop: each ends, once, at whichever comes
+    first of the epoll descriptor readable, trio's deadline and :meth:`wake_soon`.
 
-    __slots__ = ("_fd", "_loop", "_state", "_timer")
+    The descriptor stays registered with the loop from the run's first idle wait to its
+    end, rather than added and removed at each (two ``epoll_ctl`` calls and the loop's
+    bookkeeping, per chunk of a paced stream): between waits trio polls its epoll itself
+    at every tick, so the loop sees it readable only for events trio is about to take,
+    and the callback then finds no wait to end."""
 
-    def __init__(
-        self, state: Any, loop: asyncio.AbstractEventLoop, fd: int, timeout: float
-    ) -> None:
+    __slots__ = ("_fd", "_loop", "_reading", "_state", "_timer", "idle_now")
+
+    def __init__(self, state: Any, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._state = state
         self._loop = loop
         self._fd = fd
-        loop.add_reader(fd, self._wake)
-        self._timer: Timer | None = start_timer(loop, timeout, self._wake)
+        self._reading = False
+        self._timer: Timer | None = None
+        self.idle_now = False
+
+    def idle(self, timeout: float) -> None:
+        if not self._reading:
+            self._loop.add_reader(self._fd, self._wake)
+            self._reading = True
+        self.idle_now = True
+        self._timer = start_timer(self._loop, timeout, self._wake)
+
+    def wake_soon(self) -> bool:
+        """End the wait now; trio ticks at the loop's next turn. False if the run is not
+        waiting on its loop (then trio's own wake-up is needed)."""
+        if not self._end_wait():
+            return False
+        self._state.runner.guest_tick_scheduled = True
+        self._loop.call_soon(self._tick)
+        return True
+
+    def close(self) -> None:
+        """The run ended: its epoll is closed, so the loop stops watching it."""
+        self._end_wait()
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._fd)
+        _RUNS.pop(self._state.runner, None)
+
+    def _end_wait(self) -> bool:
+        if not self.idle_now:
+            return False
+        self.idle_now = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        return True
 
     def _wake(self) -> None:
-        if self._timer is None:
-            return  # the other of the two already ended this wait
-        self._timer.cancel()
-        self._timer = None
-        self._loop.remove_reader(self._fd)
+        if self._end_wait():  # else: an event trio's next tick takes anyway
+            self._state.runner.guest_tick_scheduled = True
+            self._tick()
+
+    def _tick(self) -> None:
         state = self._state
         state.unrolled_run_next_send = capture(state.runner.io_manager.get_events, 0)
-        state.runner.guest_tick_scheduled = True
         state.guest_tick()
 
 
@@ -151,6 +217,10 @@ def install(state_class: type = _run.GuestState, runner_class: type = _run.Runne
     ):
         return False
     state_class.guest_tick = guest_tick  # type: ignore[attr-defined]
+    # Without it (a trio that renamed it) a scheduled task still wakes the run, through
+    # trio's wake-up socket as before.
+    if runner_class is _run.Runner and callable(_trio_force_guest_tick_asap):
+        runner_class.force_guest_tick_asap = force_guest_tick_asap  # type: ignore[method-assign,assignment]
     return True
 
 
