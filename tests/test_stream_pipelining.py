@@ -342,6 +342,28 @@ async def test_chunks_of_several_streams_waiting_together_share_one_write(
 
 
 @BOTH_BACKENDS
+async def test_chunks_of_streams_a_moment_apart_wait_for_each_other_and_share_one_write(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    """A round waits up to ``round_linger`` (1 ms) for the other open streams' chunks, on
+    either backend: chunks a fraction of that apart go out in one write, not one each."""
+    platform = FakePlatform()
+    writes = Writes()
+    sleep = sleep_for(backend)
+
+    async def stream(job: dict[str, Any]) -> Any:
+        await sleep(0.1 + 0.0003 * job["input"]["n"])  # both open; chunks 0.3 ms apart
+        yield job["input"]["n"]
+
+    async with running(platform, stream, backend=backend, network=writes.network, concurrency=3):
+        ids = [platform.enqueue({"n": n}) for n in range(3)]
+        jobs = [await finished(platform, job_id, "COMPLETED") for job_id in ids]
+    assert [job.stream for job in jobs] == [[0], [1], [2]]
+    assert sorted(writes.jobs_per_write[0]) == sorted(ids)
+    assert writes.per_write == [3]
+
+
+@BOTH_BACKENDS
 @pytest.mark.parametrize("stopped_job", [0, 1])
 async def test_a_job_stopped_while_its_chunks_share_a_write_cuts_no_other_stream_short(
     backend: str, stopped_job: int, virtual_clock: trio.abc.Clock

@@ -46,8 +46,13 @@ class Backend(ABC):
 
     name: AsyncBackend
     #: How long the stream convoy waits for more chunks before a round leaves
-    #: (``_chunk_convoy.py``); 0: a few scheduler passes.
-    round_linger: float = 0.0
+    #: (``_chunk_convoy.py``), unless every open stream has boarded sooner. A few
+    #: scheduler passes gathered few chunks (about 3 a round at 64 streams of 50 chunks/s,
+    #: each round a write, a read and, on asyncio, wake-ups of trio as the loop's guest).
+    #: Waiting up to 1 ms: CPU per paced chunk 149-200 -> 128 us on asyncio (p50 0.5 ->
+    #: 2.3 ms, p99 2.6-3.0 -> 4.8 ms), and 0.70x on trio in six alternating pairs
+    #: (docs/benchmarks.md); a millisecond on a token that took tens to make.
+    round_linger: float = 0.001
 
     @abstractmethod
     def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -147,13 +152,6 @@ class AsyncioBackend(Backend):
     with the worker's trio run as its guest (``_asyncio_host.py``)."""
 
     name = "asyncio"
-    # Each round costs trio, as the loop's guest, wake-ups the trio backend does not pay,
-    # and a few scheduler passes there gather few chunks (about 3 a round at 64 streams of
-    # 50 chunks/s). Waiting up to 1 ms (until every open stream has boarded) gathered more:
-    # CPU per paced chunk 149-200 -> 128 us, yield-to-receipt p50 0.5 -> 2.3 ms, p99
-    # 2.6-3.0 -> 4.8 ms (alternating runs; docs/benchmarks.md). On trio the same wait saved
-    # 14% for as much latency: not taken.
-    round_linger = 0.001
 
     def __init__(self) -> None:
         # Imported here, once, when a worker first asks for this backend (BACKENDS): asyncio
