@@ -383,6 +383,23 @@ async def test_rate_limited_take_pauses_for_retry_after(
 
 
 @BOTH_BACKENDS
+async def test_shutdown_ends_the_pause_a_rate_limited_take_is_in_at_once(
+    backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    """The take loop's idle waits end as soon as a shutdown begins: a pause the platform
+    asked for (here a minute) does not hold the worker's exit."""
+    harness.platform.inject(Fault("take", status=429, retry_after=60))
+    handle = await harness.start(nursery, echo_on(backend))
+    await harness.platform.wait_for_requests("take", 1)
+    await trio.sleep(1.0)  # well into the pause it asked for
+    asked = trio.current_time()
+    handle.shutdown()
+    await harness.finished.wait()
+    assert trio.current_time() - asked < 1.0
+    assert len([r for r in harness.platform.requests if r.route == "take"]) == 1
+
+
+@BOTH_BACKENDS
 async def test_report_given_up_after_deadline_frees_the_slot(
     backend: str, harness: Harness, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
 ) -> None:

@@ -202,8 +202,8 @@ class ShutdownPlan:
 
 
 class _BoundScope:
-    """:meth:`ShutdownPlan.open_scope`'s context manager: a class, not a generator, since
-    the take loop opens one at every wait for a slot."""
+    """:meth:`ShutdownPlan.open_scope`'s context manager: a class, not a generator (a
+    generator's context manager costs a frame and two resumptions more)."""
 
     __slots__ = ("_plan", "_rule", "_scope")
 
