@@ -60,12 +60,13 @@ PostPipelined: TypeAlias = Callable[[list[tuple[str, bytes]]], Awaitable[list["H
 # connection sends its unanswered chunks again one at a time, so it is kept modest.
 BATCH_REQUESTS = 256
 BATCH_BYTES = 1024 * 1024
-# Scheduler passes a round waits for more batches before it boards, in a convoy with no
-# linger (the worker's convoys linger: Backend.round_linger). Streams board the moment a
-# chunk is ready (docs/protocol.md §2.4), so without a wait a round often leaves with the
-# one chunk that woke the convoy. With 64 streams at 50 chunks/s the worker's CPU per
-# chunk was, in alternating runs, 164 us with one pass and 126 us with three; a 1 ms
-# linger then took it to 0.70x of three passes on trio.
+# Scheduler passes a round waits for more batches before it boards when it does not
+# linger (Backend.round_linger): every open stream has boarded already (a lone stream),
+# or the convoy has no linger. Streams board the moment a chunk is ready
+# (docs/protocol.md §2.4), so without a wait a round often leaves with the one chunk that
+# woke the convoy. With 64 streams at 50 chunks/s the worker's CPU per chunk was, in
+# alternating runs, 164 us with one pass and 126 us with three; a 1 ms linger then took
+# it to 0.70x of three passes on trio.
 BOARDING_PASSES = 3
 
 

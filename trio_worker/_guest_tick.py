@@ -144,7 +144,7 @@ class _HostWaits:
     at every tick, so the loop sees it readable only for events trio is about to take,
     and the callback then finds no wait to end."""
 
-    __slots__ = ("_fd", "_loop", "_reading", "_state", "_timer", "idle_now")
+    __slots__ = ("_fd", "_idle_now", "_loop", "_reading", "_state", "_timer")
 
     def __init__(self, state: Any, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._state = state
@@ -152,13 +152,13 @@ class _HostWaits:
         self._fd = fd
         self._reading = False
         self._timer: Timer | None = None
-        self.idle_now = False
+        self._idle_now = False
 
     def idle(self, timeout: float) -> None:
         if not self._reading:
             self._loop.add_reader(self._fd, self._wake)
             self._reading = True
-        self.idle_now = True
+        self._idle_now = True
         self._timer = start_timer(self._loop, timeout, self._wake)
 
     def wake_soon(self) -> bool:
@@ -179,9 +179,9 @@ class _HostWaits:
         _RUNS.pop(self._state.runner, None)
 
     def _end_wait(self) -> bool:
-        if not self.idle_now:
+        if not self._idle_now:
             return False
-        self.idle_now = False
+        self._idle_now = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -252,8 +252,9 @@ class Supervisor:
         # A stop ends whatever idle wait the loop is in (a wait for a slot, a backoff),
         # never a take in flight (each runs shielded, _take_once). One scope for the whole
         # loop rather than one per wait: a take at concurrency 8 waited for a slot about
-        # once per two jobs, and each scope cost trio about 5 us of CPU. Every stop also
-        # ends _taking (the phase leaves READY first), so the loop has nothing left to do.
+        # once per two jobs, and each scope cost trio about 5 us of CPU. A drain or a failed
+        # initializer also ends _taking, so the loop has nothing left to do; a worker
+        # cancelled as a whole cancels the loop from outside.
         async with send:
             with self.plan.open_scope(ShutdownPlan.when_stopping):
                 await self._take_loop(send)
