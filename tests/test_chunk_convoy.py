@@ -171,10 +171,13 @@ async def test_a_lingering_round_leaves_once_every_open_stream_has_boarded(
             await trio.sleep(after)
             await convoy.send(batch(job, 1))
 
-        nursery.start_soon(send, "a", 0.0)
-        nursery.start_soon(send, "b", 0.0003)
-        nursery.start_soon(send, "c", 0.0006)  # the last open stream: the round leaves
-        nursery.start_soon(send, "d", 0.5)  # its stream is new and alone after the others
+        async with trio.open_nursery() as senders:
+            senders.start_soon(send, "a", 0.0)
+            senders.start_soon(send, "b", 0.0003)
+            senders.start_soon(send, "c", 0.0006)  # the last open stream: the round leaves
+            senders.start_soon(send, "d", 0.5)  # its stream is new and alone after the others
+        for _ in range(3):
+            convoy.stream_closed()  # the rounds' task stays while a stream is open
     assert [len(r) for r in post.rounds] == [3, 1]
     assert post.left[0] == pytest.approx(0.0006)
 
@@ -187,8 +190,11 @@ async def test_a_lingering_round_leaves_after_the_linger_without_the_slow_stream
         convoy = ChunkConvoy(post, beside(nursery), linger=0.001)
         for _ in range(64):
             convoy.stream_opened()
-        nursery.start_soon(convoy.send, batch("a", 1))
-        nursery.start_soon(convoy.send, batch("b", 2))
+        async with trio.open_nursery() as senders:
+            senders.start_soon(convoy.send, batch("a", 1))
+            senders.start_soon(convoy.send, batch("b", 2))
+        for _ in range(64):
+            convoy.stream_closed()
     assert [len(r) for r in post.rounds] == [3]
     assert post.left == [pytest.approx(0.001)]
 
@@ -202,7 +208,35 @@ async def test_a_lone_stream_does_not_linger(autojump_clock: trio.testing.MockCl
         convoy.stream_opened()
         convoy.stream_closed()  # one of the two ended: the other is alone
         await convoy.send(batch("a", 2))
+        convoy.stream_closed()
     assert post.left == [0.0]
+
+
+async def test_the_rounds_task_stays_while_a_stream_is_open_and_ends_with_the_last(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Rounds seconds apart are run by one task while a stream is open (a chunk then
+    finds it running, and a round starts no task), and it ends when the last stream
+    closes, so the jobs' nursery is not held open."""
+    post = Post()
+    spawned: list[object] = []
+    async with trio.open_nursery() as nursery:
+        spawn_beside = beside(nursery)
+
+        def counted(task: Callable[[], Awaitable[None]]) -> bool:
+            spawned.append(task)
+            return spawn_beside(task)
+
+        convoy = ChunkConvoy(post, counted, linger=0.001)
+        convoy.stream_opened()
+        for job in ("a", "b", "c"):
+            await convoy.send(batch(job, 1))
+            await trio.sleep(5)
+        assert len(spawned) == 1
+        assert "driving=True" in repr(convoy)
+        convoy.stream_closed()
+    assert len(post.rounds) == 3
+    assert "driving=False" in repr(convoy)
 
 
 @pytest.mark.parametrize("place", ["none", "closed"])

@@ -9,6 +9,7 @@ can play a server (or a proxy) that drops what follows the first request of a wr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Callable
@@ -20,7 +21,7 @@ import trio
 from trio_worker import Timings
 from trio_worker.testing import FakePlatform, Fault, JobRecord
 
-from .backends import BOTH_BACKENDS, sleep_for
+from .backends import ASYNCIO_ONLY, BOTH_BACKENDS, sleep_for
 from .test_delivery import Opener, finished, running
 
 pytestmark = pytest.mark.timeout(60)
@@ -404,3 +405,95 @@ async def test_a_job_stopped_while_its_chunks_share_a_write_cuts_no_other_stream
     # Nothing of the other stream was sent twice: the stopped job's task did not own the
     # write it shared.
     assert writes.chunks_sent(other) == CHUNKS
+
+
+class JobTaskSteps:
+    """How many times the worker's job tasks ran (trio instrument)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(".job_task"):
+            self.count += 1
+
+
+@ASYNCIO_ONLY
+async def test_on_asyncio_paced_chunks_reach_their_round_without_waking_the_jobs_task(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    """A chunk yielded while the job's trio task waits for one, with none buffered, is
+    queued for the convoy by the asyncio pump itself: a token every few milliseconds wakes
+    no trio task of its own. The job's task runs as often for a stream of 100 tokens as
+    for one of 10 (it used to run once more per chunk)."""
+    platform = FakePlatform()
+    steps = JobTaskSteps()
+
+    async def stream(job: dict[str, Any]) -> Any:
+        for n in range(job["input"]["tokens"]):
+            await asyncio.sleep(0.005)
+            yield {"n": n}
+
+    runs: list[int] = []
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with running(platform, stream, backend=backend):
+            for tokens in (10, 100):
+                before = steps.count
+                job = await finished(platform, platform.enqueue({"tokens": tokens}), "COMPLETED")
+                assert job.stream == [{"n": n} for n in range(tokens)]
+                runs.append(steps.count - before)
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert 0 < runs[1] <= runs[0] + 2
+
+
+class Booby(dict[str, Any]):
+    """A chunk whose every look raises, as a hostile or broken object would."""
+
+    def get(self, *args: Any) -> Any:
+        raise RuntimeError("a chunk that cannot be read")
+
+
+@BOTH_BACKENDS
+@pytest.mark.parametrize(
+    "ending", ["error chunk", "not JSON", "generator error", "unreadable chunk", "none"]
+)
+async def test_chunks_paced_then_in_bursts_then_paced_keep_their_order_to_the_end(
+    backend: str, ending: str, virtual_clock: trio.abc.Clock
+) -> None:
+    """On asyncio the pump hands a chunk over itself while the stream is calm, and the
+    job's task reads it otherwise (the stream in trouble, its backlog full, an error
+    chunk): every switch between the two keeps every chunk, in order, in the stream and
+    in the aggregate, and how the stream ends comes after its last chunk."""
+    platform = FakePlatform()
+    sleep = sleep_for(backend)
+    expected = list(range(30))
+
+    async def stream(job: dict[str, Any]) -> Any:
+        for n in expected:
+            if n == 12:  # the platform turns the next two chunks away: the stream's own
+                platform.inject(Fault("stream", status=503, times=2))  # task retries them
+            if n % 10 < 5:
+                await sleep(0.005)  # paced
+            yield n  # the rest of each ten comes in a burst
+        if ending == "error chunk":
+            yield {"error": "the engine gave up"}
+        elif ending == "not JSON":
+            yield {"bad": {1, 2}}
+        elif ending == "generator error":
+            raise RuntimeError("the engine gave up")
+        elif ending == "unreadable chunk":
+            yield Booby()
+        yield "never sent"
+
+    async with running(platform, stream, backend=backend, return_aggregate_stream=True):
+        job_id = platform.enqueue({})
+        job = await finished(platform, job_id, "FAILED" if ending != "none" else "COMPLETED")
+    assert job.stream == expected + (["never sent"] if ending == "none" else [])
+    if ending == "none":
+        assert job.done_reports == [{"output": [*expected, "never sent"]}]
+    else:
+        assert "error" in job.done_reports[0]
+        if ending == "unreadable chunk":
+            assert "a chunk that cannot be read" in job.done_reports[0]["error"]

@@ -26,6 +26,7 @@ import trio
 from ._exceptions import ConfigurationError
 from ._guest_tick import HostCallSoon
 from ._guest_tick import install as install_guest_tick
+from ._hand_off import HandsOffChunks
 from ._threads import INITIALIZER_THREAD, in_thread
 
 if TYPE_CHECKING:
@@ -309,11 +310,14 @@ async def _call(fn: Callable[[], Any]) -> None:
         await result
 
 
-class AsyncioChunks:
+class AsyncioChunks(HandsOffChunks):
     """An async generator running on the asyncio host, read from trio.
 
     One asyncio task pumps the generator into a bounded buffer and wakes the trio reader
     only when it waits, so a burst of chunks costs one wake-up, not one task per chunk.
+    A chunk yielded while the reader waits with nothing buffered goes to the reader's
+    :meth:`hand_off` first, in the pump itself: paced chunks (a token at a time) then
+    wake no trio task of their own (docs/how-it-works.md, the asyncio backend).
     ``aclose()`` cancels the pump (the generator sees ``asyncio.CancelledError`` where it
     waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup:
     *close_bound* seconds at most, and no later than the end of the shutdown grace
@@ -328,6 +332,7 @@ class AsyncioChunks:
         self._room = asyncio.Event()
         self._reader: trio.Event | None = None
         self._finished = trio.Event()
+        self._offer: Callable[[Any], bool] | None = None
         self._task = host_loop().create_task(_contained(self._pump()))
         self._task.add_done_callback(lambda _: self._wake_reader(finished=True))
 
@@ -342,6 +347,8 @@ class AsyncioChunks:
         source = self._source
         try:
             async for chunk in source:
+                if self._offered(chunk):
+                    continue
                 self._buffer.append(chunk)
                 self._wake_reader()
                 while len(self._buffer) >= PUMP_DEPTH:
@@ -351,6 +358,23 @@ class AsyncioChunks:
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def hand_off(self, offer: Callable[[Any], bool]) -> None:
+        self._offer = offer
+
+    def _offered(self, chunk: Any) -> bool:
+        # Only while the reader waits with nothing buffered: every chunk before this one
+        # has then been through the reader's hands, so order holds. A cancelled reader has
+        # left its event's waiters at once (trio aborts a cancelled wait as it is
+        # cancelled), so a stopped stream takes nothing more this way.
+        reader = self._reader
+        return (
+            self._offer is not None
+            and reader is not None
+            and not self._buffer
+            and reader.statistics().tasks_waiting > 0
+            and self._offer(chunk)
+        )
 
     def __aiter__(self) -> AsyncioChunks:
         return self

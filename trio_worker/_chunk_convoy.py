@@ -131,6 +131,7 @@ class ChunkConvoy:
         self._linger = linger  # seconds a round waits for more batches; 0: BOARDING_PASSES
         self._streams = 0  # open streams (ChunkPoster), each with at most one seat waiting
         self._all_aboard: trio.Event | None = None
+        self._boarding: trio.Event | None = None  # the task waits for a seat, idle
         self._waiting: deque[Seat] = deque()
         self._driving = False
         self._boarded: list[Seat] = []
@@ -210,8 +211,23 @@ class ChunkConvoy:
         self._boarded_one()
 
     def _boarded_one(self) -> None:
+        if self._boarding is not None:
+            self._boarding.set()
+            self._boarding = None
         if self._all_aboard is not None and len(self._waiting) >= self._streams:
             self._all_aboard.set()
+
+    async def _next_seat(self) -> bool:
+        """Wait, idle, for a seat while a stream is open: whether one boarded. The task
+        stays for the streams' next chunks rather than ending with every round, so a chunk
+        finds it running (a stream's chunks board from the asyncio pump, which starts no
+        task: ``ChunkPoster.accepts_now``) and a round costs no task of its own."""
+        while not self._waiting:
+            if self._streams <= 0:
+                return False
+            self._boarding = boarding = trio.Event()
+            await boarding.wait()
+        return True
 
     async def _gather(self) -> None:
         """Before a round: wait for more batches to board. With a linger, up to that long,
@@ -248,6 +264,11 @@ class ChunkConvoy:
                 self.abandon(seat)
         return seat.answers
 
+    def boards_now(self) -> bool:
+        """Whether :meth:`board` would queue a batch for a round already under way,
+        starting no task (the caller may not be a trio task: the asyncio pump)."""
+        return self._driving and self._platform().client.pipelining
+
     def board(self, job_id: str, bodies: list[bytes], callback: Answered) -> Seat | None:
         """Queue *bodies* for the next round without waiting: *callback* gets their
         answers, in the convoy's task. None when there is no round to join (pipelining
@@ -277,18 +298,21 @@ class ChunkConvoy:
             self._round_scope.cancel()
 
     async def _drive(self) -> None:
-        """Run rounds while batches wait; every boarded seat is answered, even when a
-        round fails or this task is cancelled (then with what was answered, maybe none)."""
+        """Run rounds while batches wait, and wait for the next while a stream is open;
+        every boarded seat is answered, even when a round fails or this task is cancelled
+        (then with what was answered, maybe none)."""
         boarded: list[Seat] = []
         try:
             while True:
+                if not await self._next_seat():
+                    return
                 # Lets the streams with a batch ready now, and those whose generators wake
                 # in the next scheduler passes (their timers due meanwhile) or within the
                 # backend's linger (Backend.round_linger), join the round about to start:
                 # fewer, fuller rounds.
                 await self._gather()
                 if not self._waiting:
-                    return
+                    continue  # abandoned while the round gathered
                 self._boarded = boarded = self._board()
                 answers: list[HttpResponse] = []
                 with trio.CancelScope() as self._round_scope:
@@ -303,6 +327,7 @@ class ChunkConvoy:
                 boarded = []
         finally:
             self._driving = False
+            self._boarding = None
             self._boarded = []
             left = [*boarded, *self._waiting]
             self._waiting.clear()

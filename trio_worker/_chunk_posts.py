@@ -100,11 +100,26 @@ class ChunkPoster:
     async def put(self, body: bytes) -> None:
         """Queue *body*; waits only while the stream's backlog is full."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        self.put_now(body)
+        while len(self._pending) >= STREAM_PIPELINE_DEPTH:
+            await self._wait()
+
+    def accepts_now(self) -> bool:
+        """Whether :meth:`put_now` may queue a chunk: the stream is calm, its backlog has
+        room, and its chunks go out with no task started (a batch on the wire already, or
+        a round under way to board): it may be called from outside trio's tasks."""
+        if self._closed or not self._calm or len(self._pending) >= STREAM_PIPELINE_DEPTH - 1:
+            return False
+        if self._seat is not None or self._posting:
+            return True
+        return self._convoy is not None and self._convoy.boards_now()
+
+    def put_now(self, body: bytes) -> None:
+        """Queue *body* (:meth:`put` without its checkpoint and its wait for room); called
+        from outside trio's tasks only after :meth:`accepts_now` said yes."""
         self._pending.append(body)
         if self._seat is None and not self._posting:
             self._next()
-        while len(self._pending) >= STREAM_PIPELINE_DEPTH:
-            await self._wait()
 
     async def settle(self) -> None:
         """Wait until every chunk put is delivered or counted as undelivered."""

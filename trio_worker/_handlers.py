@@ -24,6 +24,7 @@ import trio
 
 from ._backends import unwrap_callable as _unwrap
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
+from ._hand_off import HandsOffChunks
 from ._threads import ThreadCall, in_thread, run_sync
 
 if TYPE_CHECKING:
@@ -165,6 +166,13 @@ class Stream:
 
     def __aiter__(self) -> AsyncGenerator[Any, None]:
         return self._chunks()
+
+    def hand_off(self, offer: Callable[[Any], bool]) -> None:
+        """Let a source that runs apart from the reader (an async generator on the asyncio
+        host) give its chunks to *offer* while the reader waits, instead of waking it: a
+        chunk *offer* takes (True) is not read from this stream. Other sources ignore it."""
+        if isinstance(self._source, HandsOffChunks):
+            self._source.hand_off(offer)
 
     async def _chunks(self) -> AsyncGenerator[Any, None]:
         source = self._source

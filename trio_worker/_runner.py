@@ -250,15 +250,17 @@ class JobRunner:
             poster = ChunkPoster(
                 self.chunks, job.id, nursery, budget=self.settings.timings.report_budget
             )
-            # aclosing: a stream left early (error chunk, non-JSON chunk) runs the user's
-            # cleanup now, not whenever the generator is garbage collected.
-            chunks = aiter(stream)
             try:
+                # Paced chunks of an async generator on the asyncio host come straight to
+                # the poster, without waking this task; the rest come through this loop.
+                stream.hand_off(calm_chunk_taker(poster, aggregate))
+                # aclosing: a stream left early (error chunk, non-JSON chunk) runs the
+                # user's cleanup now, not whenever the generator is garbage collected.
+                chunks = aiter(stream)
                 async with contextlib.aclosing(chunks):
                     try:
                         async for chunk in chunks:
-                            if isinstance(chunk, dict) and chunk.get("error"):
-                                # The reference's rule: an error chunk ends the stream, unstreamed.
+                            if is_error_chunk(chunk):
                                 final = {"error": self._error_chunk_text(chunk["error"])}
                                 log_failed_job(
                                     job.id, "error chunk", final["error"], "unknown", self.settings
@@ -313,6 +315,35 @@ class JobRunner:
         return output_error_body(
             err, category="unknown", identity=self.identity, redactor=self.settings.redactor
         )
+
+
+def calm_chunk_taker(
+    poster: ChunkPoster, aggregate: list[object] | None
+) -> Callable[[object], bool]:
+    """What a stream's source may hand its chunks to while the runner waits for one
+    (:meth:`Stream.hand_off`): the calm path of the runner's loop, run where the chunk was
+    yielded, with no task switch. It refuses (False) anything else, which the loop then
+    reads and handles in order: an error chunk, a chunk that is not JSON (encoded again
+    there, to report why), a stream not calm or out of room."""
+
+    def take(chunk: object) -> bool:
+        if not poster.accepts_now() or is_error_chunk(chunk):
+            return False
+        try:
+            encoded = encode_result({"output": chunk})
+        except ResultEncodingError:
+            return False
+        poster.put_now(encoded)
+        if aggregate is not None:
+            aggregate.append(chunk)
+        return True
+
+    return take
+
+
+def is_error_chunk(chunk: object) -> bool:
+    """The reference's rule: a chunk ``{"error": ...}`` (truthy) ends the stream, unstreamed."""
+    return isinstance(chunk, dict) and bool(chunk.get("error"))
 
 
 def note_undelivered(
