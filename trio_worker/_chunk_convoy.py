@@ -146,7 +146,7 @@ class ChunkConvoy:
 
     async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
         delivery = self._platform()
-        url = delivery.settings.platform.stream_url(job_id)
+        url = self.stream_url(job_id)
         # A stream whose budget is spent still gives each chunk one attempt's timeout: the
         # platform may be back.
         once = trio.current_time() + delivery.timings.report_attempt_bound(len(body))
@@ -164,7 +164,7 @@ class ChunkConvoy:
         verdicts: list[bool | None] = [None] * len(bodies)
         if not delivery.client.pipelining:
             return verdicts
-        url = delivery.settings.platform.stream_url(job_id)
+        url = self.stream_url(job_id)
         answers = await self.send([(url, body) for body in bodies])
         return await self.verdicts(job_id, bodies, answers, retry_until=retry_until)
 
@@ -269,10 +269,15 @@ class ChunkConvoy:
         starting no task (the caller may not be a trio task: the asyncio pump)."""
         return self._driving and self._platform().client.pipelining
 
-    def board(self, job_id: str, bodies: list[bytes], callback: Answered) -> Seat | None:
-        """Queue *bodies* for the next round without waiting: *callback* gets their
-        answers, in the convoy's task. None when there is no round to join (pipelining
-        off, or no place for the convoy's task): the caller posts them itself."""
+    def stream_url(self, job_id: str) -> str:
+        """Where *job_id*'s chunks go (a stream asks once: :meth:`board` takes it)."""
+        return self._platform().settings.platform.stream_url(job_id)
+
+    def board(self, url: str, bodies: list[bytes], callback: Answered) -> Seat | None:
+        """Queue *bodies* for the next round, to *url* (:meth:`stream_url`), without
+        waiting: *callback* gets their answers, in the convoy's task. None when there is
+        no round to join (pipelining off, or no place for the convoy's task): the caller
+        posts them itself."""
         delivery = self._platform()
         if not delivery.client.pipelining:
             return None
@@ -280,7 +285,6 @@ class ChunkConvoy:
             if self._spawn is None or not self._spawn(self._drive):
                 return None
             self._driving = True
-        url = delivery.settings.platform.stream_url(job_id)
         seat = Seat([(url, body) for body in bodies], callback=callback)
         self._waiting.append(seat)
         self._boarded_one()

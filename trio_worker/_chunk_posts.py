@@ -89,6 +89,7 @@ class ChunkPoster:
         self._index = 0  # of the first chunk not yet settled
         self._batch: list[bytes] = []  # on the wire in a round, answers to come
         self._seat: Seat | None = None
+        self._url: str | None = None  # the job's stream URL, built at the first batch
         self._posting = False  # a task of the stream's own posts
         self._calm = True
         self._closed = False
@@ -159,7 +160,9 @@ class ChunkPoster:
     def _board(self, batch: list[bytes]) -> bool:
         if self._convoy is None:
             return False
-        seat = self._convoy.board(self._job_id, batch, self._answered)
+        if self._url is None:
+            self._url = self._convoy.stream_url(self._job_id)
+        seat = self._convoy.board(self._url, batch, self._answered)
         if seat is None:
             return False
         self._batch, self._seat = batch, seat
