@@ -9,7 +9,6 @@ background task serving requests from an ``asyncio.Queue`` and resolving futures
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import json
 import runpy
@@ -72,13 +71,33 @@ async def serve(
     )
 
 
+# Set when each worker started by start_worker has returned.
+_EXITED: dict[trio_worker.WorkerHandle, trio.Event] = {}
+
+
 async def start_worker(
     nursery: trio.Nursery, platform: FakePlatform, handler: Any, **options: Any
 ) -> trio_worker.WorkerHandle:
-    handle: trio_worker.WorkerHandle = await nursery.start(
-        functools.partial(serve, platform, handler, **options)
-    )
+    exited = trio.Event()
+
+    async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
+        try:
+            await serve(platform, handler, task_status=task_status, **options)
+        finally:
+            exited.set()
+
+    handle: trio_worker.WorkerHandle = await nursery.start(run)
+    _EXITED[handle] = exited
     return handle
+
+
+async def shut_down(handle: trio_worker.WorkerHandle) -> None:
+    """End the test's worker and wait for it, before the in-process platform goes with the
+    test's nursery: a report the platform recorded but never answered would otherwise be
+    retried, shielded, for the whole report budget (10 s) against a platform gone."""
+    handle.shutdown("test over")
+    with trio.fail_after(WAIT):
+        await _EXITED.pop(handle).wait()
 
 
 def inner_error(record: Any) -> dict[str, Any]:
@@ -103,7 +122,7 @@ async def test_an_engine_built_in_the_initializer_serves_many_concurrent_jobs(
         return {"results": results, "same_loop": asyncio.get_running_loop() is engines[0].loop}
 
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(nursery, platform, handler, initializer=init, concurrency=16)
+    worker = await start_worker(nursery, platform, handler, initializer=init, concurrency=16)
     ids = [platform.enqueue({"n": n}) for n in range(200)]
     with trio.fail_after(WAIT):
         for n, job_id in enumerate(ids):
@@ -111,7 +130,7 @@ async def test_an_engine_built_in_the_initializer_serves_many_concurrent_jobs(
             assert record.output == {"results": [2 * n, 2 * n + 2, 2 * n + 4], "same_loop": True}
     assert engines[0].served == 600
     assert not engines[0].task.done()  # the engine outlived every job
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @ASYNCIO_ONLY
@@ -136,14 +155,14 @@ async def test_a_stop_cancels_the_asyncio_task_mid_stream(
             finished.set()  # from the asyncio task: trio wakes as from any host callback
 
     platform = FakePlatform(take_hold=1.0, stop_hold=1.0)
-    await start_worker(nursery, platform, handler)
+    worker = await start_worker(nursery, platform, handler)
     job_id = platform.enqueue({})
     with trio.fail_after(WAIT):
         await streaming.wait()
         platform.request_stop(job_id)
         await finished.wait()
     assert seen == ["CancelledError", "finally"]
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @ASYNCIO_ONLY
@@ -171,6 +190,7 @@ async def test_shutdown_past_the_grace_cancels_the_handler_and_reports_the_job(
         await started.wait()
         handle.shutdown("test")
         record = await platform.wait_for_status(job_id, "FAILED")
+    await shut_down(handle)
     assert seen == ["CancelledError"]
     assert "shutdown" in inner_error(record)["error_message"].lower()
 
@@ -257,7 +277,7 @@ async def test_a_handler_error_keeps_its_type_and_traceback(
         raise KeyError("missing-key")
 
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(nursery, platform, handler)
+    worker = await start_worker(nursery, platform, handler)
     job_id = platform.enqueue({})
     with trio.fail_after(WAIT):
         record = await platform.wait_for_status(job_id, "FAILED")
@@ -265,7 +285,7 @@ async def test_a_handler_error_keeps_its_type_and_traceback(
     assert error["error_type"] == "KeyError"
     assert "missing-key" in error["error_message"]
     assert "in handler" in error["error_traceback"]
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @ASYNCIO_ONLY
@@ -279,13 +299,13 @@ async def test_a_generator_error_mid_stream_comes_after_its_chunks(
         raise RuntimeError("decoder crashed")
 
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(nursery, platform, handler)
+    worker = await start_worker(nursery, platform, handler)
     job_id = platform.enqueue({})
     with trio.fail_after(WAIT):
         record = await platform.wait_for_status(job_id, "FAILED")
     assert record.stream == ["first", "second"]
     assert "decoder crashed" in json.dumps(record.error)
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @ASYNCIO_ONLY
@@ -395,13 +415,13 @@ async def test_progress_updates_from_an_asyncio_task_reach_the_job(
         return "done"
 
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(nursery, platform, handler)
+    worker = await start_worker(nursery, platform, handler)
     job_id = platform.enqueue({})
     with trio.fail_after(WAIT):
         record = await platform.wait_for_status(job_id, "COMPLETED")
     # Updates are posted concurrently on either backend: their order is not promised.
     assert sorted(record.progress, key=str) == [{"step": 1}, {"step": 2}]
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 # --- an SSE upstream read with asyncio streams, streamed through an async generator -----
@@ -447,7 +467,7 @@ async def test_an_sse_upstream_streams_through_an_async_generator(
             yield token
 
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(
+    worker = await start_worker(
         nursery,
         platform,
         handler,
@@ -462,7 +482,7 @@ async def test_an_sse_upstream_streams_through_an_async_generator(
             assert record.stream == [f"token-{i}" for i in range(50)]
             assert record.output == record.stream
     servers[0][0].close()
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @ASYNCIO_ONLY
@@ -474,12 +494,12 @@ async def test_sync_handlers_still_run_in_threads_beside_the_loop(
         return asyncio.run(asyncio.sleep(0, result="ran"))
 
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(nursery, platform, handler)
+    worker = await start_worker(nursery, platform, handler)
     job_id = platform.enqueue({})
     with trio.fail_after(WAIT):
         record = await platform.wait_for_status(job_id, "COMPLETED")
     assert record.output == "ran"
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @ASYNCIO_ONLY
@@ -488,7 +508,7 @@ async def test_the_vllm_style_example_serves_concurrent_streams(
 ) -> None:
     example = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "vllm_style_worker.py"))
     platform = FakePlatform(take_hold=1.0)
-    await start_worker(
+    worker = await start_worker(
         nursery,
         platform,
         example["handler"],
@@ -501,7 +521,7 @@ async def test_the_vllm_style_example_serves_concurrent_streams(
         for n, job_id in enumerate(ids):
             record = await platform.wait_for_status(job_id, "COMPLETED")
             assert record.stream == [f"p{n}-{i}" for i in range(4)]
-    nursery.cancel_scope.cancel()
+    await shut_down(worker)
 
 
 @pytest.mark.parametrize("backend", ["trio"])  # trio.run: no asyncio host
