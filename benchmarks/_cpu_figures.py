@@ -53,68 +53,79 @@ def marginal_us(short: tuple[float, float], long: tuple[float, float]) -> float 
     return (cpu_long - cpu_short) * 1e6 / (units_long - units_short)
 
 
-def paced_with_cpu(bench: Bench, sdk: Sdk, backend: str = "asyncio") -> Result:
-    """The 64 paced streams figure (its last long run), plus the marginal CPU per chunk:
-    the median over ``cpu_pairs`` pairs of a short run (``paced_short_chunks`` each) and a
-    long one."""
-    samples: list[float] = []
-    pairs: list[Result] = []
-    long: Result = {}
-    for _ in range(bench.settings.cpu_pairs):
-        short = paced_streams(bench, sdk, backend, bench.settings.paced_short_chunks)
-        long = paced_streams(bench, sdk, backend)
-        us = marginal_us((short["cpu_s"], short["chunks"]), (long["cpu_s"], long["chunks"]))
-        if us is not None:
-            samples.append(us)
-        pairs.append({"short": _run_cpu(short, "chunks"), "long": _run_cpu(long, "chunks")})
-    return {
+def paced_pair(bench: Bench, sdk: Sdk, backend: str = "asyncio") -> tuple[float | None, Result]:
+    """One short/long pair of the 64 paced streams (``paced_short_chunks``, then
+    ``paced_chunks`` each): the marginal CPU per chunk, and the long run (the latency
+    figure) with the pair's readings under ``pair``."""
+    short = paced_streams(bench, sdk, backend, bench.settings.paced_short_chunks)
+    long = paced_streams(bench, sdk, backend)
+    us = marginal_us((short["cpu_s"], short["chunks"]), (long["cpu_s"], long["chunks"]))
+    return us, {
         **long,
-        "cpu_us_per_chunk": statistics.median(samples) if samples else None,
-        "cpu_us_samples": samples,
-        "pairs": pairs,
+        "pair": {"short": _run_cpu(short, "chunks"), "long": _run_cpu(long, "chunks")},
     }
 
 
-def noop_cpu(bench: Bench, sdk: Sdk, concurrency: int = 8) -> Result:
-    """Marginal CPU per no-op job of a sync handler (scenario ``noop_sync``): the median
-    over ``cpu_pairs`` pairs of a short and a long run.
+def paced_figure(samples: list[tuple[float | None, Result]]) -> Result:
+    """The paced-streams figure of several pairs: the last long run, and the median of the
+    pairs' marginal CPU per chunk."""
+    measured = [us for us, _ in samples if us is not None]
+    last = dict(samples[-1][1])
+    last.pop("pair", None)
+    return {
+        **last,
+        "cpu_us_per_chunk": statistics.median(measured) if measured else None,
+        "cpu_us_samples": measured,
+        "pairs": [run["pair"] for _, run in samples],
+    }
+
+
+def noop_cpu_pair(bench: Bench, sdk: Sdk, concurrency: int = 8) -> tuple[float | None, Result]:
+    """One short/long pair of no-op jobs of a sync handler (scenario ``noop_sync``): the
+    marginal CPU per job, and the pair's readings.
 
     trio_worker: ``short_jobs`` then ``jobs`` preloaded jobs, each run to its last report.
     The reference: ``reference_cpu_seconds`` (short, long) after its first take, from a
     queue that outlasts both.
     """
     s = bench.settings
-    samples: list[float] = []
-    pairs: list[Result] = []
-    for _ in range(s.cpu_pairs):
-        runs: list[tuple[float, float]] = []
-        if sdk.key == "reference":
-            for seconds in s.reference_cpu_seconds:
-                # More jobs than it can take in the time (about one per slot per second).
-                jobs = int(concurrency * 4 * (seconds + 5))
-                run = measured_run(bench, sdk, "noop_sync", concurrency, jobs, seconds=seconds)
-                runs.append((run.cpu_s, run.finished))
-        else:
-            for jobs in (s.short_jobs, s.jobs):
-                run = measured_run(bench, sdk, "noop_sync", concurrency, jobs)
-                runs.append((run.cpu_s, run.finished))
-        (short, long) = runs
-        us = marginal_us(short, long)
-        if us is not None:
-            samples.append(us)
-        pairs.append(
-            {
-                "short": {"cpu_s": short[0], "jobs": short[1]},
-                "long": {"cpu_s": long[0], "jobs": long[1]},
-            }
-        )
+    runs: list[tuple[float, float]] = []
+    if sdk.key == "reference":
+        for seconds in s.reference_cpu_seconds:
+            # More jobs than it can take in the time (about one per slot per second).
+            jobs = int(concurrency * 4 * (seconds + 5))
+            run = measured_run(bench, sdk, "noop_sync", concurrency, jobs, seconds=seconds)
+            runs.append((run.cpu_s, run.finished))
+    else:
+        for jobs in (s.short_jobs, s.jobs):
+            run = measured_run(bench, sdk, "noop_sync", concurrency, jobs)
+            runs.append((run.cpu_s, run.finished))
+    (short, long) = runs
+    return marginal_us(short, long), {
+        "short": {"cpu_s": short[0], "jobs": short[1]},
+        "long": {"cpu_s": long[0], "jobs": long[1]},
+    }
+
+
+def noop_cpu_figure(
+    samples: list[tuple[float | None, Result]], sdk: Sdk, concurrency: int = 8
+) -> Result:
+    """The CPU per no-op sync job of several pairs: their median."""
+    measured = [us for us, _ in samples if us is not None]
     return {
         "concurrency": concurrency,
-        "cpu_us_per_job": statistics.median(samples) if samples else None,
-        "cpu_us_samples": samples,
+        "cpu_us_per_job": statistics.median(measured) if measured else None,
+        "cpu_us_samples": measured,
         "by": "time" if sdk.key == "reference" else "count",
-        "pairs": pairs,
+        "pairs": [pair for _, pair in samples],
     }
+
+
+def noop_cpu(bench: Bench, sdk: Sdk, concurrency: int = 8) -> Result:
+    """CPU per no-op sync job: the median over ``cpu_pairs`` pairs (the reference's: its
+    own figure, no ratio target rests on it, so it is not alternated with anything)."""
+    samples = [noop_cpu_pair(bench, sdk, concurrency) for _ in range(bench.settings.cpu_pairs)]
+    return noop_cpu_figure(samples, sdk, concurrency)
 
 
 def _run_cpu(run: Result, unit: str) -> Result:
@@ -138,16 +149,18 @@ def run_floor(platform: PlatformProcess, mode: str, jobs: int, loops: int = 1) -
     return answer
 
 
-def floor(bench: Bench) -> Result:
-    """The raw floor through ``floor_jobs`` jobs, with its CPU per job in µs: the median
-    of ``cpu_pairs`` runs (the last run's other figures)."""
-    samples: list[float] = []
-    answer: Result = {}
-    for _ in range(bench.settings.cpu_pairs):
-        answer = run_floor(bench.platform, "raw", bench.settings.floor_jobs)
-        samples.append(answer["client_cpu_ms_per_job"] * 1000)
-    answer["cpu_us_per_job"] = statistics.median(samples)
-    answer["cpu_us_samples"] = samples
+def floor_once(bench: Bench) -> tuple[float, Result]:
+    """One run of the raw floor through ``floor_jobs`` jobs: its CPU per job in µs, and
+    its answer."""
+    answer = run_floor(bench.platform, "raw", bench.settings.floor_jobs)
+    return answer["client_cpu_ms_per_job"] * 1000, answer
+
+
+def floor_figure(samples: list[tuple[float, Result]]) -> Result:
+    """The floor of several runs: the median CPU per job (the last run's other figures)."""
+    answer = dict(samples[-1][1])
+    answer["cpu_us_samples"] = [us for us, _ in samples]
+    answer["cpu_us_per_job"] = statistics.median(answer["cpu_us_samples"])
     return answer
 
 

@@ -74,6 +74,9 @@ class Settings:
     # Short/long pairs per CPU figure (and floor runs): the median is the figure, since
     # one pair moves by tens of percent with what else the machine does.
     cpu_pairs: int = 3
+    # Alternating rounds of the ratio targets' figures (benchmarks/_paired.py): each
+    # ratio is the median of the rounds' ratios.
+    ratio_rounds: int = 5
     against_rounds: int = 3  # alternating pairs, old commit and this checkout
 
     @classmethod
@@ -105,6 +108,7 @@ class Settings:
             reference_cpu_seconds=(1.0, 3.0),
             floor_jobs=400,
             cpu_pairs=1,
+            ratio_rounds=1,
             against_rounds=1,
         )
 

@@ -356,6 +356,7 @@ def markdown(
         f"{_dig(result, 'others_load', 'mean_pct')}% (at most "
         f"{_dig(result, 'others_load', 'max_pct')}% over half a second)"
         for key, result in results.items()
+        if key in ("trio_worker", "reference")
     )
     busy = (
         f"Other processes used {machine.get('busy_before_pct')}% of all CPUs just before the "
@@ -372,7 +373,10 @@ def markdown(
         f"{' and '.join(map(str, settings.get('paced_chunks', [])))} chunks per paced stream, "
         f"{' and '.join(map(str, settings.get('noop_cpu_jobs', [])))} no-op sync jobs "
         f"(the reference: {' and '.join(map(str, settings.get('reference_cpu_seconds', [])))} "
-        f"s after its first take); the floor {settings.get('floor_jobs')} jobs; against "
+        f"s after its first take); the floor {settings.get('floor_jobs')} jobs; the paced, "
+        "sync-job and floor figures in "
+        f"{settings.get('ratio_rounds')} alternating round(s), each ratio target the median "
+        "of its rounds' ratios; against "
         f"{settings.get('against') or 'no older commit'}, "
         f"{settings.get('against_rounds')} alternating pair(s)."
     )

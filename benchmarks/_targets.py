@@ -3,12 +3,15 @@
 Each target is a ratio measured in one run (against the reference, the floor or an older
 commit), not an absolute time: on a shared machine an absolute time means little, a ratio
 of two figures taken minutes apart on the same machine holds (docs/benchmarks.md,
-"Targets"). Every row says how busy the machine was, outside the benchmark, while its
-figures ran.
+"Targets"). Where the two figures were measured in alternating rounds
+(``benchmarks/_paired.py``), the ratio is the median of the rounds' ratios; the two
+figures shown are each side's median. Every row says how busy the machine was, outside
+the benchmark, while its figures ran.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -206,12 +209,17 @@ def build_targets(results: dict[str, Result]) -> list[Result]:
     trio = results.get("trio_worker", {})
     ref = results.get("reference")
     commit = (trio.get("against") or {}).get("commit")
+    # The ratios of the figures measured in alternating rounds (benchmarks/_paired.py).
+    paired: dict[str, list[float]] = (results.get("paired") or {}).get("ratios") or {}
     rows: list[Result] = []
     for row in TARGETS:
         value = dig(trio, row.path)
         base = row.base(trio, ref)
         ratio = None
-        if value is not None and base is not None and value > 0 and base > 0:
+        rounds = paired.get(row.key) or []
+        if rounds:
+            ratio = statistics.median(rounds)
+        elif value is not None and base is not None and value > 0 and base > 0:
             ratio = value / base if row.better == "higher" else base / value
         holds = None if ratio is None or row.bound is None else ratio >= row.bound
         base_name = row.base_name or (f"{commit}'s" if commit else "the older commit's")
@@ -239,17 +247,26 @@ def build_targets(results: dict[str, Result]) -> list[Result]:
                 "reference": ref_value,
                 "base": base,
                 "ratio": ratio,
+                "ratio_rounds": rounds,
                 "target": target,
                 "holds": holds,
                 "text": {
                     "trio_worker": fmt(value, row.unit),
                     "reference": "not run" if ref is None else fmt(ref_value, row.unit),
-                    "ratio": _ratio_text(ratio, row, base_name),
+                    "ratio": _ratio_text(ratio, row, base_name) + _rounds_text(rounds),
                     "load": _load_text(results, row),
                 },
             }
         )
     return rows
+
+
+def _rounds_text(rounds: list[float]) -> str:
+    if not rounds:
+        return ""
+    if len(rounds) == 1:
+        return " (one round)"
+    return f" (median of {len(rounds)} alternating rounds)"
 
 
 def _times(factor: float) -> str:

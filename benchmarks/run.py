@@ -34,6 +34,7 @@ from benchmarks import (
     _cpu_figures,
     _figures,
     _life_figures,
+    _paired,
     _report,
     _sdks,
     _stream_figures,
@@ -174,23 +175,18 @@ def run_sdk(
     attempt("stop signal", "stop", partial(_life_figures.stop_signal, bench, sdk))
     attempt("streaming", "stream", partial(_stream_figures.streaming, bench, sdk))
     attempt("64 streams", "streams", partial(_stream_figures.many_streams, bench, sdk))
-    # The long run of the CPU-per-chunk pair is the paced-streams latency figure.
-    attempt(
-        "64 paced streams, CPU per chunk", "paced", partial(_cpu_figures.paced_with_cpu, bench, sdk)
-    )
-    attempt("CPU per no-op sync job, c=8", "noop_cpu", partial(_cpu_figures.noop_cpu, bench, sdk))
-    if trio:
-        # The floor belongs to no SDK; it is kept with trio_worker's figures, its target.
-        attempt("the floor (raw socket loop)", "floor", partial(_cpu_figures.floor, bench))
+    # The paced-streams figures, trio_worker's sync job and the floor are the ratio
+    # targets' figures: measured afterwards, in alternating rounds (benchmarks/_paired.py).
+    if not trio:
+        # The reference's own figure, which no ratio target rests on.
+        attempt(
+            "CPU per no-op sync job, c=8", "noop_cpu", partial(_cpu_figures.noop_cpu, bench, sdk)
+        )
+    else:
         attempt(
             "the paced handler alone, no SDK",
             "handler_alone",
             partial(_cpu_figures.handler_alone, bench),
-        )
-        attempt(
-            "64 paced streams, CPU per chunk, trio backend",
-            "paced_trio",
-            partial(_cpu_figures.paced_with_cpu, bench, sdk, "trio"),
         )
         attempt("init failure", "init_failure", partial(_life_figures.init_failure, bench, sdk))
         attempt(
@@ -330,6 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 load = monitor.summary(sdk_started, time.monotonic())
                 results[sdk.key]["others_load"] = load
+            paired_started = time.monotonic()
+            paired = _paired.paired_figures(bench, sdks[0], reference, say)
+            span = (paired_started, time.monotonic())
+            for sdk in sdks:
+                results[sdk.key].update(paired[sdk.key])
+                spans[sdk.key].update(dict.fromkeys(paired[sdk.key], span))
+            results["paired"] = paired["paired"]
     except BaseException:
         failed = True
         raise
@@ -357,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "noop_cpu_jobs": [settings.short_jobs, settings.jobs],
         "reference_cpu_seconds": list(settings.reference_cpu_seconds),
         "floor_jobs": settings.floor_jobs,
+        "ratio_rounds": settings.ratio_rounds,
         "against": args.against,
         "against_rounds": settings.against_rounds,
         "with_reference": reference is not None,

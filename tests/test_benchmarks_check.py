@@ -139,3 +139,118 @@ def test_a_figure_shorter_than_one_load_sample_gets_the_sample_covering_it() -> 
     assert monitor.summary(10.1, 10.3) == {"mean_pct": 40.0, "max_pct": 40.0}
     assert monitor.summary(10.0, 11.0) == {"mean_pct": 23.5, "max_pct": 40.0}
     assert monitor.summary() == {"mean_pct": 17.3, "max_pct": 40.0}
+
+
+def test_a_ratio_measured_in_rounds_is_the_median_of_the_rounds_ratios() -> None:
+    """Not the ratio of the two sides' medians: each round's two figures were measured
+    minutes apart at most (benchmarks/_paired.py)."""
+    trio = {"paced": {"cpu_us_per_chunk": 70.0}, "noop_cpu": {"cpu_us_per_job": 300.0}}
+    trio["floor"] = {"cpu_us_per_job": 90.0}
+    reference = {"paced": {"cpu_us_per_chunk": 200.0}}
+    # Medians 200/70 = 2.86 would miss the 1/3 bound; the rounds' median, 3.1, holds.
+    paired = {"ratios": {"cpu_chunk_asyncio": [2.5, 3.1, 3.4], "cpu_job_sync": [0.34]}}
+    results: dict[str, dict[str, Any]] = {
+        "trio_worker": trio,
+        "reference": reference,
+        "paired": paired,
+    }
+    rows = {row["key"]: row for row in build_targets(results)}
+    assert rows["cpu_chunk_asyncio"]["ratio"] == pytest.approx(3.1)
+    assert rows["cpu_chunk_asyncio"]["holds"] is True
+    assert "median of 3 alternating rounds" in rows["cpu_chunk_asyncio"]["text"]["ratio"]
+    assert rows["cpu_job_sync"]["holds"] is True  # one round: 0.34 >= 1/3
+    assert rows["cpu_job_sync"]["text"]["ratio"].endswith("(one round)")
+    # A row without rounds is still the ratio of its two figures.
+    assert rows["cpu_chunk_trio"]["holds"] is None
+    del paired["ratios"]["cpu_chunk_asyncio"]
+    rows = {row["key"]: row for row in build_targets(results)}
+    assert rows["cpu_chunk_asyncio"]["ratio"] == pytest.approx(200 / 70)
+    assert rows["cpu_chunk_asyncio"]["holds"] is False
+
+
+class _Settings:
+    ratio_rounds = 3
+
+
+class _Bench:
+    settings = _Settings()
+
+
+def test_paired_rounds_alternate_their_order_and_pair_each_rounds_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each round measures every side once, the order reversed every other round; a ratio
+    is taken between the figures of one round; a side that fails stops being measured and
+    its rounds pair with nothing."""
+    from benchmarks import _cpu_figures, _paired
+    from benchmarks._sdks import Sdk
+
+    trio_sdk = Sdk("trio_worker", "trio_worker", "python", Path("w.py"), "0")
+    ref_sdk = Sdk("reference", "runpod", "python", Path("r.py"), "1")
+    calls: list[str] = []
+    paced_us = {
+        ("trio_worker", "asyncio"): iter([60.0, 80.0, 70.0]),
+        ("trio_worker", "trio"): iter([50.0, 55.0, 65.0]),
+        ("reference", "asyncio"): iter([180.0, 200.0, 300.0]),
+    }
+
+    def paced_pair(bench: Any, sdk: Sdk, backend: str) -> tuple[float, dict[str, Any]]:
+        calls.append(f"{sdk.key}:{backend}")
+        us = next(paced_us[sdk.key, backend])
+        run = {"chunks": 9600, "latency_ms": {"p50": 1.0, "p99": us / 10}}
+        return us, {**run, "pair": {"long": run}}
+
+    sync_us = iter([200.0, 400.0])
+
+    def noop_cpu_pair(bench: Any, sdk: Sdk) -> tuple[float, dict[str, Any]]:
+        calls.append("sync")
+        try:
+            return next(sync_us), {}
+        except StopIteration:
+            raise RuntimeError("the worker died") from None
+
+    floors = iter([70.0, 100.0, 90.0])
+
+    def floor_once(bench: Any) -> tuple[float, dict[str, Any]]:
+        calls.append("floor")
+        return next(floors), {"jobs": 3000}
+
+    monkeypatch.setattr(_cpu_figures, "paced_pair", paced_pair)
+    monkeypatch.setattr(_cpu_figures, "noop_cpu_pair", noop_cpu_pair)
+    monkeypatch.setattr(_cpu_figures, "floor_once", floor_once)
+    said: list[str] = []
+    out = _paired.paired_figures(_Bench(), trio_sdk, ref_sdk, said.append)  # type: ignore[arg-type]
+    forward = ["trio_worker:asyncio", "reference:asyncio", "trio_worker:trio", "sync", "floor"]
+    assert calls == [*forward, *forward[::-1], *forward]
+    ratios = out["paired"]["ratios"]
+    assert ratios["cpu_chunk_asyncio"] == pytest.approx([3.0, 2.5, 300 / 70])
+    assert ratios["cpu_chunk_trio"] == pytest.approx([3.6, 200 / 55, 300 / 65])
+    assert ratios["paced_p99"] == pytest.approx([3.0, 2.5, 300 / 70])
+    # The third round's sync run failed: two rounds pair, the third's floor with nothing.
+    assert ratios["cpu_job_sync"] == pytest.approx([70 / 200, 100 / 400])
+    figures = out["trio_worker"]
+    assert figures["paced"]["cpu_us_per_chunk"] == 70.0
+    assert figures["paced"]["cpu_us_samples"] == [60.0, 80.0, 70.0]
+    assert figures["noop_cpu"]["cpu_us_per_job"] == 300.0
+    assert "the worker died" in figures["noop_cpu"]["error_in_a_round"]
+    assert figures["floor"]["cpu_us_per_job"] == 90.0
+    assert out["reference"]["paced"]["cpu_us_per_chunk"] == 200.0
+    assert any("FAILED" in line and "the worker died" in line for line in said)
+
+
+def test_without_the_reference_only_the_floors_ratio_is_paired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks import _cpu_figures, _paired
+    from benchmarks._sdks import Sdk
+
+    trio_sdk = Sdk("trio_worker", "trio_worker", "python", Path("w.py"), "0")
+    monkeypatch.setattr(
+        _cpu_figures, "paced_pair", lambda bench, sdk, backend: (None, {"pair": {}})
+    )
+    monkeypatch.setattr(_cpu_figures, "noop_cpu_pair", lambda bench, sdk: (300.0, {}))
+    monkeypatch.setattr(_cpu_figures, "floor_once", lambda bench: (90.0, {}))
+    out = _paired.paired_figures(_Bench(), trio_sdk, None, lambda line: None)  # type: ignore[arg-type]
+    assert set(out["paired"]["ratios"]) == {"cpu_job_sync"}
+    assert out["reference"] == {}
+    assert out["trio_worker"]["paced"]["cpu_us_per_chunk"] is None
