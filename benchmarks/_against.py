@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from benchmarks._figures import Result, median, throughput
+from benchmarks._figures import Result, alternating, median, round_ratios, throughput
 
 if TYPE_CHECKING:
     from benchmarks._figures import Bench
@@ -54,11 +54,14 @@ def against(bench: Bench, sdk: Sdk, commit: str = FIRST_WAVE, concurrency: int =
             timeout=300,
             check=True,
         )
-        runs: dict[str, list[float]] = {"old": [], "current": []}
-        for _ in range(bench.settings.against_rounds):
-            for side, extra in (("old", {"BENCH_REPO": str(tree)}), ("current", {})):
-                result = throughput(bench, sdk, concurrency, "trio", **extra)
-                runs[side].append(round(float(result["jobs_per_s"]), 1))
+        old = {"BENCH_REPO": str(tree)}
+        old_runs, current_runs = alternating(
+            bench.settings.against_rounds,
+            [
+                lambda: _jobs_per_s(throughput(bench, sdk, concurrency, "trio", **old)),
+                lambda: _jobs_per_s(throughput(bench, sdk, concurrency, "trio")),
+            ],
+        )
     finally:
         subprocess.run(
             ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
@@ -72,13 +75,18 @@ def against(bench: Bench, sdk: Sdk, commit: str = FIRST_WAVE, concurrency: int =
             timeout=120,
             check=False,
         )
-    old, current = median(runs["old"]), median(runs["current"])
+    ratios = round_ratios(current_runs, old_runs)
     return {
         "commit": full[:7],
         "concurrency": concurrency,
-        "old_jobs_per_s": old,
-        "current_jobs_per_s": current,
-        "old_runs": runs["old"],
-        "current_runs": runs["current"],
-        "ratio": current / old if old and current else None,
+        "old_jobs_per_s": median(old_runs),
+        "current_jobs_per_s": median(current_runs),
+        "old_runs": old_runs,
+        "current_runs": current_runs,
+        "ratios": ratios,
+        "ratio": median(ratios),
     }
+
+
+def _jobs_per_s(result: Result) -> float:
+    return round(float(result["jobs_per_s"]), 1)

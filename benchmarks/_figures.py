@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from benchmarks._procs import (
     Spawned,
@@ -29,13 +29,14 @@ from benchmarks._procs import (
 from benchmarks._sdks import worker_env
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from benchmarks._platform import PlatformProcess
     from benchmarks._sdks import Sdk
 
 Result = dict[str, Any]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -278,21 +279,46 @@ def throughput(
     }
 
 
+def alternating(rounds: int, sides: Sequence[Callable[[], T]]) -> list[list[T]]:
+    """Measure every side once a round, *rounds* times, the order turned round every other
+    round (A B C, then C B A, ...): one list of results per side, aligned by round.
+
+    The one way the harness measures the two sides of a ratio (docs/benchmarks.md,
+    "Alternating rounds"): measured minutes apart, one after the other, a ratio also
+    measures how the machine moved in between; in rounds, each round's two figures are
+    close in time, and the turned order keeps either side from always going first.
+    """
+    results: list[list[T]] = [[] for _ in sides]
+    for index in range(rounds):
+        order = range(len(sides)) if index % 2 == 0 else range(len(sides) - 1, -1, -1)
+        for side in order:
+            results[side].append(sides[side]())
+    return results
+
+
+def round_ratios(values: Sequence[float | None], bases: Sequence[float | None]) -> list[float]:
+    """Each round's *value* over its *base*, for the rounds that have both."""
+    return [v / b for v, b in zip(values, bases, strict=True) if v and b and v > 0 and b > 0]
+
+
 def backend_pair(bench: Bench, sdk: Sdk, concurrency: int) -> Result:
     """No-op jobs at *concurrency* on the trio and the asyncio backend, in alternating
-    runs (trio, asyncio, trio, ...): the run with the median jobs/s of each backend.
-
-    The asyncio target is a ratio of the two (docs/design.md §11). Measured minutes apart,
-    one run each, the ratio moved by ten points with the machine; alternating runs see the
-    same machine, and the median drops an outlier on either side.
-    """
-    runs: dict[str, list[Result]] = {"trio": [], "asyncio": []}
-    for _ in range(bench.settings.backend_rounds):
-        for backend, results in runs.items():
-            results.append(throughput(bench, sdk, concurrency, backend))
-    pair: Result = {}
-    for backend, results in runs.items():
-        results.sort(key=lambda run: float(run["jobs_per_s"]))
+    rounds (:func:`alternating`): the run with the median jobs/s of each backend, and the
+    median of the rounds' ratios (asyncio over trio), the figure the target bounds
+    (docs/design.md §11)."""
+    trio_runs, asyncio_runs = alternating(
+        bench.settings.backend_rounds,
+        [
+            lambda: throughput(bench, sdk, concurrency, "trio"),
+            lambda: throughput(bench, sdk, concurrency, "asyncio"),
+        ],
+    )
+    ratios = round_ratios(
+        [run["jobs_per_s"] for run in asyncio_runs], [run["jobs_per_s"] for run in trio_runs]
+    )
+    pair: Result = {"ratios": ratios, "ratio": median(ratios)}
+    for backend, results in (("trio", trio_runs), ("asyncio", asyncio_runs)):
+        results = sorted(results, key=lambda run: float(run["jobs_per_s"]))
         pair[backend] = results[len(results) // 2]
         pair[f"{backend}_runs"] = [round(float(run["jobs_per_s"]), 1) for run in results]
     return pair

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from benchmarks import _cpu_figures
+from benchmarks._figures import alternating, round_ratios
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,13 +59,13 @@ class _Figure:
             return
         say(f"  {self.name}: done in {time.monotonic() - started:.1f} s")
 
-    def value(self, round_index: int) -> float | None:
-        sample = self.rounds[round_index]
-        return None if sample is None else sample[0]
-
-    def run(self, round_index: int) -> Result | None:
-        sample = self.rounds[round_index]
-        return None if sample is None else sample[1]
+    def values(self, of_run: Callable[[Result], float | None] | None = None) -> list[float | None]:
+        """Each round's number (None where it failed), or what *of_run* reads from each
+        round's run."""
+        return [
+            None if sample is None else sample[0] if of_run is None else of_run(sample[1])
+            for sample in self.rounds
+        ]
 
     def figure(self) -> Result:
         measured = [sample for sample in self.rounds if sample is not None]
@@ -75,18 +77,9 @@ class _Figure:
         return result
 
 
-def _p99(run: Result | None) -> float | None:
-    if run is None:
-        return None
+def _p99(run: Result) -> float | None:
     value = run.get("latency_ms", {}).get("p99")
     return float(value) if isinstance(value, int | float) else None
-
-
-def _ratio(base: float | None, value: float | None) -> float | None:
-    """*base* over *value* (lower is better for every paired figure)."""
-    if base is None or value is None or base <= 0 or value <= 0:
-        return None
-    return base / value
 
 
 def paired_figures(
@@ -141,20 +134,15 @@ def paired_figures(
         # Between trio_worker's two paced figures, so that each is next to it in turn.
         figures.insert(1, reference_paced)
     rounds = bench.settings.ratio_rounds
-    for index in range(rounds):
-        say(f"paired round {index + 1} of {rounds}:")
-        for figure in figures if index % 2 == 0 else reversed(figures):
-            figure.take(say)
+    alternating(rounds, [partial(figure.take, say) for figure in figures])
     ratios: dict[str, list[float]] = {}
-
-    def pair_up(key: str, ratio: Callable[[int], float | None]) -> None:
-        ratios[key] = [r for i in range(rounds) if (r := ratio(i)) is not None]
-
     if reference_paced is not None:
-        pair_up("cpu_chunk_asyncio", lambda i: _ratio(reference_paced.value(i), paced.value(i)))
-        pair_up("cpu_chunk_trio", lambda i: _ratio(reference_paced.value(i), paced_trio.value(i)))
-        pair_up("paced_p99", lambda i: _ratio(_p99(reference_paced.run(i)), _p99(paced.run(i))))
-    pair_up("cpu_job_sync", lambda i: _ratio(floor.value(i), sync.value(i)))
+        # As the targets orient them: the base over trio_worker's figure.
+        theirs = reference_paced.values()
+        ratios["cpu_chunk_asyncio"] = round_ratios(theirs, paced.values())
+        ratios["cpu_chunk_trio"] = round_ratios(theirs, paced_trio.values())
+        ratios["paced_p99"] = round_ratios(reference_paced.values(_p99), paced.values(_p99))
+    ratios["cpu_job_sync"] = round_ratios(floor.values(), sync.values())
     out: dict[str, Any] = {
         "trio_worker": {},
         "reference": {},

@@ -47,6 +47,14 @@ class Target:
     bound: float | None  # the ratio (base/value for lower-is-better) must be >= bound
     figures: tuple[str, ...]  # result keys whose machine load the row reports
     ref_path: tuple[str, ...] | None = None
+    # Where the whole run's results keep the row's ratio round by round, when its two
+    # figures were measured in alternating rounds (benchmarks/_figures.alternating): the
+    # ratio is then the median of those, not the ratio of the two figures shown.
+    rounds: tuple[str, ...] | None = None
+
+
+def _paired(key: str) -> tuple[str, ...]:
+    return ("paired", "ratios", key)
 
 
 def _reference(path: tuple[str, ...]) -> Callable[[Result, Result | None], float | None]:
@@ -66,6 +74,7 @@ TARGETS: tuple[Target, ...] = (
         "reference",
         3.0,
         ("paced",),
+        rounds=_paired("cpu_chunk_asyncio"),
     ),
     Target(
         "cpu_chunk_trio",
@@ -79,6 +88,7 @@ TARGETS: tuple[Target, ...] = (
         3.0,
         ("paced_trio", "paced"),
         ref_path=PACED_CPU,
+        rounds=_paired("cpu_chunk_trio"),
     ),
     # What no SDK can remove from those two rows: the generator's own timer wake-ups and
     # chunks, measured with no SDK (benchmarks/handler_alone.py). No bound: it says how
@@ -122,6 +132,7 @@ TARGETS: tuple[Target, ...] = (
         "reference",
         3.0,
         ("paced",),
+        rounds=_paired("paced_p99"),
     ),
     Target(
         "streams64",
@@ -146,6 +157,7 @@ TARGETS: tuple[Target, ...] = (
         "the floor",
         1 / 3,
         ("noop_cpu", "floor"),
+        rounds=_paired("cpu_job_sync"),
     ),
     Target(
         "first_take",
@@ -171,6 +183,7 @@ TARGETS: tuple[Target, ...] = (
         1.0,
         ("against",),
         ref_path=("throughput", "8", "jobs_per_s"),
+        rounds=("trio_worker", "against", "ratios"),
     ),
 )
 
@@ -209,14 +222,12 @@ def build_targets(results: dict[str, Result]) -> list[Result]:
     trio = results.get("trio_worker", {})
     ref = results.get("reference")
     commit = (trio.get("against") or {}).get("commit")
-    # The ratios of the figures measured in alternating rounds (benchmarks/_paired.py).
-    paired: dict[str, list[float]] = (results.get("paired") or {}).get("ratios") or {}
     rows: list[Result] = []
     for row in TARGETS:
         value = dig(trio, row.path)
         base = row.base(trio, ref)
         ratio = None
-        rounds = paired.get(row.key) or []
+        rounds = _round_ratios(results, row.rounds)
         if rounds:
             ratio = statistics.median(rounds)
         elif value is not None and base is not None and value > 0 and base > 0:
@@ -259,6 +270,15 @@ def build_targets(results: dict[str, Result]) -> list[Result]:
             }
         )
     return rows
+
+
+def _round_ratios(results: dict[str, Result], path: tuple[str, ...] | None) -> list[float]:
+    found: Any = results
+    for key in path or ():
+        found = found.get(key) if isinstance(found, dict) else None
+    if path is None or not isinstance(found, list):
+        return []
+    return [float(r) for r in found if isinstance(r, int | float)]
 
 
 def _rounds_text(rounds: list[float]) -> str:

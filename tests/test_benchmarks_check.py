@@ -103,6 +103,8 @@ def test_marginal_cpu_takes_out_what_both_runs_share() -> None:
     # 0.3 s of start-up in both; 0.5 s more for 1,000 more units: 500 µs each.
     assert marginal_us((0.35, 100), (0.85, 1100)) == pytest.approx(500.0)
     assert marginal_us((0.35, 100), (0.85, 100)) is None
+    # Less CPU for more units: the start-up's noise, not a negative cost per unit.
+    assert marginal_us((0.85, 100), (0.35, 1100)) is None
 
 
 def test_targets_hold_on_the_ratio_measured_in_the_run() -> None:
@@ -254,3 +256,39 @@ def test_without_the_reference_only_the_floors_ratio_is_paired(
     assert set(out["paired"]["ratios"]) == {"cpu_job_sync"}
     assert out["reference"] == {}
     assert out["trio_worker"]["paced"]["cpu_us_per_chunk"] is None
+
+
+def test_alternating_rounds_turn_their_order_round_and_keep_each_sides_results_aligned() -> None:
+    from benchmarks._figures import alternating, round_ratios
+
+    calls: list[str] = []
+
+    def side(name: str, values: list[float]) -> Any:
+        feed = iter(values)
+
+        def measure() -> float:
+            calls.append(name)
+            return next(feed)
+
+        return measure
+
+    old, new = alternating(4, [side("old", [10, 20, 30, 40]), side("new", [9, 22, 0, 48])])
+    assert calls == ["old", "new", "new", "old", "old", "new", "new", "old"]
+    assert (old, new) == ([10, 20, 30, 40], [9, 22, 0, 48])
+    # A round without both figures (here a zero) has no ratio.
+    assert round_ratios(new, old) == pytest.approx([0.9, 1.1, 1.2])
+    assert round_ratios([1.0, None], [2.0, 4.0]) == [0.5]
+
+
+def test_the_older_commits_row_is_the_median_of_its_rounds_ratios() -> None:
+    trio = {
+        "against": {
+            "commit": "6e386a1",
+            "current_jobs_per_s": 950.0,
+            "old_jobs_per_s": 1000.0,
+            "ratios": [0.9, 1.02, 1.05],
+        }
+    }
+    rows = {row["key"]: row for row in build_targets({"trio_worker": trio})}
+    assert rows["jobs_c8_against"]["ratio"] == pytest.approx(1.02)
+    assert rows["jobs_c8_against"]["holds"] is True

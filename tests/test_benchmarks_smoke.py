@@ -60,7 +60,7 @@ EXPECTED_ROWS = {
     "stop": "stop signal → async handler cancelled",
     "stream": "streamed chunks/s (async generator)",
     "jobs_c8_asyncio": "no-op async jobs/s, c=8, asyncio backend",
-    "jobs_c8_trio_paired": "no-op jobs/s, c=8, trio backend, paired runs",
+    "jobs_c8_trio_paired": "no-op jobs/s, c=8, trio backend, alternating rounds",
     "streams64": "64 concurrent streams, no gap: chunks/s (asyncio backend)",
     "streams64_trio": "64 concurrent streams, no gap: chunks/s (trio backend)",
     "paced_p50": "64 streams at 50 chunks/s: yield→receipt p50 (asyncio)",
