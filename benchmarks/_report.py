@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from benchmarks._targets import at, dig
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -19,15 +21,6 @@ if TYPE_CHECKING:
 
 Result = dict[str, Any]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _dig(result: Result | None, *path: str) -> Any:
-    value: Any = result
-    for key in path:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
 
 
 @dataclass(frozen=True)
@@ -45,11 +38,6 @@ class Row:
     reference_note: str = ""  # shown when the reference has no value for this row
 
 
-def _value(result: Result, path: tuple[str, ...]) -> float | None:
-    value = _dig(result, *path)
-    return float(value) if isinstance(value, int | float) else None
-
-
 ROWS: tuple[Row, ...] = (
     Row(
         "jobs_c1",
@@ -59,7 +47,7 @@ ROWS: tuple[Row, ...] = (
         ("throughput", "1", "jobs_per_s"),
         "≥ 300 and ≥ 100× reference",
         lambda r, ratio: (
-            (_value(r, ("throughput", "1", "jobs_per_s")) or 0) >= 300
+            (dig(r, ("throughput", "1", "jobs_per_s")) or 0) >= 300
             and (ratio is None or ratio >= 100)
         ),
     ),
@@ -70,7 +58,7 @@ ROWS: tuple[Row, ...] = (
         "higher",
         ("throughput", "8", "jobs_per_s"),
         "≥ 1,000",
-        lambda r, _: (_value(r, ("throughput", "8", "jobs_per_s")) or 0) >= 1000,
+        lambda r, _: (dig(r, ("throughput", "8", "jobs_per_s")) or 0) >= 1000,
     ),
     Row(
         "jobs_c64",
@@ -86,7 +74,7 @@ ROWS: tuple[Row, ...] = (
         "lower",
         ("throughput", "1", "overhead_ms", "p50"),
         "< 1 ms",
-        lambda r, _: (_value(r, ("throughput", "1", "overhead_ms", "p50")) or 1e9) < 1,
+        lambda r, _: (dig(r, ("throughput", "1", "overhead_ms", "p50")) or 1e9) < 1,
     ),
     Row(
         "overhead_p99",
@@ -102,7 +90,7 @@ ROWS: tuple[Row, ...] = (
         "lower",
         ("startup", "first_take_s"),
         "< 0.3 s",
-        lambda r, _: (_value(r, ("startup", "first_take_s")) or 1e9) < 0.3,
+        lambda r, _: (dig(r, ("startup", "first_take_s")) or 1e9) < 0.3,
     ),
     Row(
         "first_take_no_checks",
@@ -123,8 +111,8 @@ ROWS: tuple[Row, ...] = (
         # (docs/design.md §13) is the one other process the design asks for: the process
         # started is the watchdog, the worker its only child.
         lambda r, _: (
-            (_value(r, ("startup", "idle_rss", "total_mib")) or 1e9) < 40
-            and (_dig(r, "startup", "idle_rss", "children") or 0) <= 1
+            (dig(r, ("startup", "idle_rss", "total_mib")) or 1e9) < 40
+            and (at(r, ("startup", "idle_rss", "children")) or 0) <= 1
         ),
     ),
     Row(
@@ -141,7 +129,7 @@ ROWS: tuple[Row, ...] = (
         "lower",
         ("init_failure", "all_reported_ms"),
         "< 100 ms",
-        lambda r, _: (_value(r, ("init_failure", "all_reported_ms")) or 1e9) < 100,
+        lambda r, _: (dig(r, ("init_failure", "all_reported_ms")) or 1e9) < 100,
         "n/a: runpod 1.12 has no initializer",
     ),
     Row(
@@ -151,7 +139,7 @@ ROWS: tuple[Row, ...] = (
         "lower",
         ("stop", "delivered_to_cancelled_ms"),
         "< 10 ms",
-        lambda r, _: (_value(r, ("stop", "delivered_to_cancelled_ms")) or 1e9) < 10,
+        lambda r, _: (dig(r, ("stop", "delivered_to_cancelled_ms")) or 1e9) < 10,
     ),
     Row(
         "stream",
@@ -168,7 +156,7 @@ ROWS: tuple[Row, ...] = (
         ("backends_c8", "asyncio", "jobs_per_s"),
         "≥ 80% of the trio backend in alternating rounds (next row), the median of the "
         "rounds' ratios",
-        lambda r, _: (_value(r, ("backends_c8", "ratio")) or 0) >= 0.8,
+        lambda r, _: (dig(r, ("backends_c8", "ratio")) or 0) >= 0.8,
         "n/a: see the c=8 row (runpod runs on asyncio)",
     ),
     Row(
@@ -259,8 +247,8 @@ def build_rows(results: dict[str, Result]) -> list[Result]:
     ref = results.get("reference")
     rows: list[Result] = []
     for row in ROWS:
-        trio_value = _value(trio, row.path)
-        ref_value = _value(ref, row.path) if ref is not None else None
+        trio_value = dig(trio, row.path)
+        ref_value = dig(ref, row.path) if ref is not None else None
         ratio = _ratio(row, trio_value, ref_value)
         met: bool | None = None
         if row.check is not None and trio_value is not None:
@@ -303,7 +291,7 @@ def _rss_text(result: Result, path: tuple[str, ...], text: str) -> str:
 
     For example "105.0 MiB (62 + 43 in 1 child)".
     """
-    rss = _dig(result, *path[:-1])
+    rss = at(result, path[:-1])
     if isinstance(rss, dict) and rss.get("children"):
         return (
             f"{text} ({rss['main_mib']:.0f} + {rss['children_mib']:.0f} in "
@@ -313,8 +301,8 @@ def _rss_text(result: Result, path: tuple[str, ...], text: str) -> str:
 
 
 def _sigterm_text(result: Result, text: str) -> str:
-    if _dig(result, "startup", "sigterm_exited") is False:
-        return f"> {_dig(result, 'startup', 'sigterm_exit_s'):g} s (not exited, killed)"
+    if at(result, ("startup", "sigterm_exited")) is False:
+        return f"> {at(result, ('startup', 'sigterm_exit_s')):g} s (not exited, killed)"
     return text
 
 
@@ -351,8 +339,8 @@ def markdown(
     )
     per_sdk = ", ".join(
         f"{'trio_worker' if key == 'trio_worker' else 'the reference'}'s "
-        f"{_dig(result, 'others_load', 'mean_pct')}% (at most "
-        f"{_dig(result, 'others_load', 'max_pct')}% over half a second)"
+        f"{at(result, ('others_load', 'mean_pct'))}% (at most "
+        f"{at(result, ('others_load', 'max_pct'))}% over half a second)"
         for key, result in results.items()
         if key in ("trio_worker", "reference")
     )

@@ -21,12 +21,18 @@ if TYPE_CHECKING:
 Result = dict[str, Any]
 
 
-def dig(result: Result | None, path: tuple[str, ...]) -> float | None:
-    value: Any = result
+def at(result: Any, path: tuple[str, ...]) -> Any:
+    """What *path* leads to through nested dicts; None where it leads nowhere."""
+    value = result
     for key in path:
         if not isinstance(value, dict):
             return None
         value = value.get(key)
+    return value
+
+
+def dig(result: Result | None, path: tuple[str, ...]) -> float | None:
+    value = at(result, path)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -273,10 +279,8 @@ def build_targets(results: dict[str, Result]) -> list[Result]:
 
 
 def _round_ratios(results: dict[str, Result], path: tuple[str, ...] | None) -> list[float]:
-    found: Any = results
-    for key in path or ():
-        found = found.get(key) if isinstance(found, dict) else None
-    if path is None or not isinstance(found, list):
+    found = None if path is None else at(results, path)
+    if not isinstance(found, list):
         return []
     return [float(r) for r in found if isinstance(r, int | float)]
 
