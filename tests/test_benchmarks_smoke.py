@@ -75,6 +75,8 @@ EXPECTED_TARGETS = (
     "cpu_chunk_trio",
     "handler_alone_asyncio",
     "handler_alone_trio",
+    "handler_phased_asyncio",
+    "handler_phased_trio",
     "paced_p50",
     "paced_p99",
     "streams64",
@@ -87,6 +89,8 @@ MARGINAL = {
     "cpu_chunk_trio",
     "handler_alone_asyncio",
     "handler_alone_trio",
+    "handler_phased_asyncio",
+    "handler_phased_trio",
     "cpu_job_sync",
 }
 
