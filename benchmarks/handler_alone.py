@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # run as a script: the checkout's benchmarks pack
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import worker_trio
+from benchmarks._cpu_figures import marginal_us
 
 
 async def _drain(job_id: int, delay: float) -> None:
@@ -75,13 +76,17 @@ def main(argv: list[str]) -> int:
     backend, streams, short, long, pairs = argv[1], *(int(arg) for arg in argv[2:6])
     if backend not in ("trio", "asyncio"):
         raise SystemExit(f"unknown backend {backend!r}")
+    if long <= short:
+        raise SystemExit(f"LONG ({long}) must be more chunks than SHORT ({short})")
     samples: dict[bool, list[float]] = {False: [], True: []}
     # The two ways of starting alternate, pair by pair: each sees the machine as the other.
     for _ in range(pairs):
         for phased in (False, True):
             cpu_short = run(backend, streams, short, phased=phased)
             cpu_long = run(backend, streams, long, phased=phased)
-            samples[phased].append((cpu_long - cpu_short) * 1e6 / (streams * (long - short)))
+            us = marginal_us((cpu_short, streams * short), (cpu_long, streams * long))
+            assert us is not None  # LONG > SHORT, checked above
+            samples[phased].append(us)
     print(
         json.dumps(
             {
