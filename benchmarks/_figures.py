@@ -216,19 +216,26 @@ class Bench:
 
 
 def throughput(
-    bench: Bench, sdk: Sdk, concurrency: int, backend: str = "trio", **extra: str
+    bench: Bench,
+    sdk: Sdk,
+    concurrency: int,
+    backend: str = "trio",
+    *,
+    scenario: str = "noop",
+    **extra: str,
 ) -> Result:
     """No-op jobs through one worker at *concurrency*, from a preloaded queue.
 
     jobs/s = finished jobs / (last done - first take answer sent). Overhead = per job, done
     arrived - take answer sent. The reference runs for a wall-clock cap instead of a count.
+    *scenario* ``raising``: every job fails, and its FAILED reports are the ones counted.
     """
     s = bench.settings
     reference = sdk.key == "reference"
     jobs = s.reference_jobs_per_slot * concurrency if reference else s.jobs
     cap = s.reference_seconds if reference else 300.0
     bench.platform.reset(jobs, take_hold=2.0)
-    worker = bench.start_worker(sdk, "noop", concurrency, BENCH_BACKEND=backend, **extra)
+    worker = bench.start_worker(sdk, scenario, concurrency, BENCH_BACKEND=backend, **extra)
     peak: TreeRss | None = None
     try:
         bench.wait_until_taken(worker)
@@ -250,7 +257,8 @@ def throughput(
     finally:
         kill_group(worker)
     report = bench.platform.report()
-    done = [j for j in report["jobs"] if j["status"] == "COMPLETED" and j["done"] is not None]
+    status = "FAILED" if scenario == "raising" else "COMPLETED"
+    done = [j for j in report["jobs"] if j["status"] == status and j["done"] is not None]
     if not done:
         raise RuntimeError(f"no job finished:\n{worker.log_tail()}")
     sent = [j["sent"] if j["sent"] is not None else j["take"] for j in done]

@@ -8,6 +8,8 @@ reference SDK, so both answer the same jobs with the same handlers:
 * ``stream``: an async generator yielding ``BENCH_CHUNKS`` small chunks;
 * ``stream_paced``: the same, one chunk every ``BENCH_CHUNK_INTERVAL`` seconds, each chunk
   carrying the wall-clock time of its ``yield`` (for yield-to-receipt latency);
+* ``raising``: an async handler that prints a line and raises (a failing job: its error
+  report carries the output tail, so it flushes the capture);
 * ``stop``: an async handler that waits, and writes the wall-clock time at which it was
   cancelled to ``BENCH_MARK_FILE``;
 * ``initfail``: an initializer that holds the jobs for ``BENCH_INIT_SECONDS``, writes the
@@ -77,6 +79,11 @@ def noop_sync(job: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "n": job["input"].get("n")}
 
 
+async def raising(job: dict[str, Any]) -> dict[str, Any]:
+    print(f"job {job['id']}: about to fail", flush=True)
+    raise RuntimeError(f"benchmark: job {job['input'].get('n')} failed")
+
+
 async def stream(job: dict[str, Any]) -> AsyncIterator[dict[str, int]]:
     for i in range(CHUNKS):
         yield {"i": i}
@@ -115,6 +122,7 @@ if __name__ == "__main__":
     handlers = {
         "noop": noop,
         "noop_sync": noop_sync,
+        "raising": raising,
         "stream": stream,
         "stream_paced": stream_paced,
         "stop": wait_for_stop,

@@ -65,6 +65,7 @@ READER_THREAD_NAME = "trio_worker-output-capture"
 
 _READ_SIZE = 1 << 16
 _FLUSH_TIMEOUT = 1.0
+_UPSTREAM_RECHECK = 0.001  # seconds between looks at the crash watchdog's progress
 
 
 @dataclass(eq=False)
@@ -96,6 +97,7 @@ class OutputCapture:
         # Guards the ring, _busy and _open_reads; flush() waits on it for the reader.
         self._cond = threading.Condition(threading.Lock())
         self._busy = False
+        self.flush_timeouts = 0  # flushes that gave up waiting (a stuck reader or watchdog)
         self._open_reads = {r.read_end for r in redirects}
         self._reader_done = False
         self._fd_lock = threading.Lock()
@@ -216,10 +218,19 @@ class OutputCapture:
         with self._cond:
             # Pipe first, then _busy: the reader sets _busy before it reads, under this
             # lock, so an empty pipe seen here with _busy clear means nothing is in flight.
-            while not self._reader_done and (self._upstream() or self._unread() or self._busy):
+            while not self._reader_done:
+                upstream = self._upstream()
+                if not (upstream or self._unread() or self._busy):
+                    return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self.flush_timeouts += 1
                     return
+                if upstream:
+                    # The crash watchdog's move, seen only in its counter: a chunk it
+                    # read and found empty, or dropped, wakes nobody here, so look again
+                    # soon instead of waiting for a notify that may never come.
+                    remaining = min(remaining, _UPSTREAM_RECHECK)
                 self._cond.wait(remaining)
 
     def stop(self) -> None:
