@@ -34,6 +34,7 @@ from ._pacing import backoff_delay, rate_limit_wait
 from ._platform._client import ReportOutcome, is_retryable
 from ._progress import ProgressPosts
 from ._version import __version__
+from ._watch import records as crash_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -126,6 +127,9 @@ class Delivery:
         url = self.settings.platform.done_url(job_id, is_stream=is_stream)
         started = trio.current_time()
         outcome = ReportOutcome()
+        # Before the first attempt: should the process die from here on, the crash
+        # watchdog sends this same body, never a different final (docs/design.md §13.2).
+        crash_records.final(job_id, body, is_stream=is_stream)
         self.progress.closed.add(job_id)
         self._reporting[job_id] = started
         try:
@@ -134,7 +138,7 @@ class Delivery:
                 self.plan.bind(scope, lambda plan: plan.report_deadline(started))
                 try:
                     await self.progress.quiet(job_id)
-                    await self._post_final(url, job_id, body, outcome)
+                    await self._post_final(url, job_id, body, outcome, is_stream=is_stream)
                 finally:
                     self.plan.unbind(scope)
         finally:
@@ -150,7 +154,9 @@ class Delivery:
             )
         return outcome.delivered
 
-    async def _post_final(self, url: str, job_id: str, body: bytes, outcome: ReportOutcome) -> None:
+    async def _post_final(
+        self, url: str, job_id: str, body: bytes, outcome: ReportOutcome, *, is_stream: bool
+    ) -> None:
         await self.post(url, body, job_id=job_id, outcome=outcome)
         status = outcome.status
         if outcome.delivered or status not in REFUSED:
@@ -164,6 +170,8 @@ class Delivery:
             len(body),
         )
         notice = self._refusal_body(job_id, status, body)
+        # The refused body was not stored: the notice is the final the watchdog would send.
+        crash_records.final(job_id, notice, is_stream=is_stream)
         refusal = ReportOutcome(attempts=outcome.attempts)
         await self.post(url, notice, job_id=job_id, outcome=refusal)
         outcome.delivered, outcome.attempts = refusal.delivered, refusal.attempts

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
@@ -32,6 +33,37 @@ log = logging.getLogger("trio_worker")
 
 # How long the watchdog waits for the event loop to say whether reports are in flight.
 _LOOP_ANSWER_BOUND = 1.0
+# A signal this worker got directly and the same signal forwarded by the crash watchdog
+# this close together are one delivery: systemd's control-group kill, a `kill` on a
+# process group or `pkill` reach both processes at once, while a person's second Ctrl-C
+# or a platform's second SIGTERM comes later, and only through the watchdog.
+TWIN_WINDOW = 1.0
+
+
+class SignalCount:
+    """How many separate stop signals arrived (docs/design.md §13.1).
+
+    Pure: the caller gives each arrival's signal, whether the crash watchdog forwarded it
+    (its pipe) or it came directly, and the monotonic time. A direct arrival and a
+    forwarded one of the same signal within ``TWIN_WINDOW`` of each other pair up and
+    count once; two of the same kind never pair (they are two deliveries).
+    """
+
+    def __init__(self, window: float = TWIN_WINDOW) -> None:
+        self.window = window
+        self.count = 0
+        self._unpaired: list[tuple[int, bool, float]] = []
+
+    def arrive(self, signum: int, *, forwarded: bool, now: float) -> bool:
+        """Count one arrival; False when it was the twin of one already counted."""
+        self._unpaired = [a for a in self._unpaired if now - a[2] <= self.window]
+        for index, (other, other_forwarded, _) in enumerate(self._unpaired):
+            if other == signum and other_forwarded != forwarded:
+                del self._unpaired[index]
+                return False
+        self._unpaired.append((signum, forwarded, now))
+        self.count += 1
+        return True
 
 
 def flush_all(capture: OutputCapture | None) -> None:
@@ -123,10 +155,15 @@ class ExitGuard:
     its cancellation still runs: the process then ends at once with status 0.
     """
 
-    def __init__(self, timings: Timings, capture: OutputCapture | None) -> None:
+    def __init__(
+        self, timings: Timings, capture: OutputCapture | None, forwarded: int | None = None
+    ) -> None:
         self._timings = timings
         self._capture = capture
-        self._signals = 0
+        # The read end of the pipe the crash watchdog forwards signals through (``_watch``).
+        self._forwarded = forwarded
+        self._signals = SignalCount()
+        self._signals_lock = threading.RLock()  # the handler (main thread) and the relay
         self._pending: str | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._shutdown: Callable[[str], None] | None = None
@@ -137,6 +174,11 @@ class ExitGuard:
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
+        if self._forwarded is not None:
+            relay = threading.Thread(
+                target=self._relay, args=(self._forwarded,), name="trio_worker signals", daemon=True
+            )
+            relay.start()
 
     def attach(
         self,
@@ -178,9 +220,29 @@ class ExitGuard:
         )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
+        self._arrive(signum, forwarded=False)
+
+    def _relay(self, fd: int) -> None:
+        """The crash watchdog's forwarded signals: one byte each, the signal's number."""
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return  # the watchdog is gone; this process goes with it
+            for signum in data:
+                self._arrive(signum, forwarded=True)
+
+    def _arrive(self, signum: int, *, forwarded: bool) -> None:
         name = signal.Signals(signum).name
-        if self._signals > 1:
+        with self._signals_lock:
+            if not self._signals.arrive(signum, forwarded=forwarded, now=time.monotonic()):
+                return  # the same delivery, reaching this process a second way
+            second = self._signals.count > 1
+        if second:
             self.leave(128 + signum, f"second signal ({name}): exiting at once", at_exit=False)
         self.arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
         reason = f"{name} received"

@@ -93,6 +93,8 @@ class JobEvent(enum.Enum):
 
 
 _TERMINAL = frozenset({JobState.DONE, JobState.UNDELIVERED, JobState.STOPPED, JobState.RELEASED})
+# Requests after which the platform expects no report for the job (docs/design.md §9).
+_NOTHING_OWED = frozenset({JobEvent.REQUEST_STOP, JobEvent.REQUEST_RELEASE})
 
 S, E = JobState, JobEvent
 TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
@@ -289,6 +291,9 @@ class Ledger:
         state = job.fire(event)
         for observer in self.observers:
             observer(job, before, event)
+        if event in _NOTHING_OWED:
+            # The crash watchdog must not report it either, should the worker die now.
+            crash_records.settle(job.id)
         if state.terminal:
             with self._lock:
                 del self._jobs[job.id]

@@ -199,13 +199,15 @@ def start(
             note_local_mode("local mode")
             leave(_run_local(options, args), None)
         # The crash watchdog (docs/design.md §13): only this process's child returns here.
-        feed = watch_crashes(
+        watched = watch_crashes(
             settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
         )
         if options.capture_logs == "on":
+            feed = None if watched is None else watched.feed
             capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
             install_python_stream_attribution()
-        guard = ExitGuard(options.timings, capture)
+        forwarded = None if watched is None else watched.signals
+        guard = ExitGuard(options.timings, capture, forwarded)
         guard.install()
         log.info("worker starting: %s", _worker.describe_settings(settings))
         seams = _worker.Seams(capture=capture, exit_guard=guard)

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from . import _records as records
 
 if TYPE_CHECKING:
-    from .._capture._feed import Feed
     from .._config import Settings
+    from ._watchdog import Watched
 
 __all__ = ["ENV_VAR", "records", "unwatched_reason", "watch_crashes"]
 
@@ -36,11 +36,11 @@ _OFF = frozenset({"0", "false", "no", "off"})
 _GPU_LIBRARIES = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so", "libze_loader.so")
 
 
-def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) -> Feed | None:
-    """Fork the worker under a crash watchdog, or say in one line why not.
+def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) -> Watched | None:
+    """Fork the worker under a crash watchdog, or say in one line why not (None).
 
-    Returns in the worker process (the `Feed` its output capture reads when
-    *tee_output*); the watchdog process never returns from here.
+    Returns in the worker process (`Watched`: the feed its output capture reads when
+    *tee_output*, and its forwarded signals); the watchdog process never returns from here.
     """
     if not crash_watch:
         log.info("crash watch off: start(crash_watch=False)")

@@ -5,13 +5,20 @@ shared pages as inherited fds and the rest in one JSON *spec*. While the worker 
 does three things, and imports little (its resident memory is the overhead the worker
 pays; see docs/design.md §13 for the figures):
 
-* forwards SIGTERM and SIGINT to the worker;
+* forwards SIGTERM and SIGINT to the worker, through a pipe of their own so that the
+  worker can tell a forwarded signal from one it got directly (one signal delivered to
+  both processes drains once); SIGHUP drains it too, and SIGQUIT, SIGUSR1 and SIGUSR2
+  are passed on as they are, so no signal kills the watchdog and loses the held jobs;
 * passes the worker's fds 1/2 through (``Tee``), waking only when there is output;
-* reads the take and settle records every ``RECORD_POLL`` seconds, not per record, so a
-  job costs it no wake-up: the record pipe holds minutes of records.
+* reads the take and settle records, and the cgroup's OOM kill count, every
+  ``RECORD_POLL`` seconds, not per record, so a job costs it no wake-up: the record pipe
+  holds minutes of records.
 
-When the worker is gone it reads what is left, and if the worker died by a signal or
-exited non-zero with jobs held, imports the SDK (``unstub``) and reports them (``_report``).
+When the worker is gone it reads what is left. Any exit that leaves jobs held is a death,
+whatever its status (a native ``_exit(0)`` included): the watchdog imports the SDK
+(``unstub``), resends every terminal body the worker had kept (``_finals``: the same
+bytes, never a different final) and reports ``WorkerCrashed`` for every other held job
+(``_report``).
 """
 
 from __future__ import annotations
@@ -21,13 +28,23 @@ import os
 import selectors
 import signal
 import sys
+import time
 from typing import Any, NoReturn
 
 from .._capture._feed import Tee
-from .._capture._pipes import map_page
 from . import _records
+from ._oom import oom_kills
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
+# Asked to stop: the worker drains (SIGHUP too: a terminal closed, or a supervisor's
+# reload, must not kill the watchdog and lose the held jobs).
+_DRAIN = {
+    signal.SIGTERM: signal.SIGTERM,
+    signal.SIGINT: signal.SIGINT,
+    signal.SIGHUP: signal.SIGTERM,
+}
+# Passed on as they are: they are the worker's to handle (or to die of, then reported).
+_PASS_ON = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def main(spec: dict[str, Any]) -> NoReturn:
@@ -74,8 +91,11 @@ class _Watchdog:
         self.tee = None if tee is None else Tee.from_spec(tee, spec["tail_bytes"])
         self.records: int = spec["records"]
         os.set_blocking(self.records, False)
-        self.state = map_page(spec["state"])
+        self.state = _records.map_state(spec["state"])
         self.ledger = _records.Ledger()
+        # The write end of the worker's forwarded-signal pipe (``_exit.ExitGuard``).
+        self.signals: int | None = spec.get("signals")
+        self.oom_count: int | None = spec["oom_before"]  # the last reading before a death
 
     # -- while the worker lives ----------------------------------------------------------
 
@@ -84,10 +104,12 @@ class _Watchdog:
         os.set_blocking(wake_read, False)
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write)
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in _DRAIN:
             signal.signal(signum, self._forward)
+        for signum in _PASS_ON:
+            signal.signal(signum, self._pass_on)
         # Blocked since before the fork (_watchdog): what came meanwhile is delivered now.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (*_DRAIN, *_PASS_ON))
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         if "priority" in self.spec:  # started low (see _watchdog._exec_watchdog)
             with contextlib.suppress(OSError):
@@ -97,6 +119,7 @@ class _Watchdog:
             for fd in self.tee.reads:
                 selector.register(fd, selectors.EVENT_READ, "out")
         selector.register(wake_read, selectors.EVENT_READ, "wake")
+        next_poll = 0.0
         while True:
             waited, status = os.waitpid(self.child, os.WNOHANG)
             if waited:
@@ -109,7 +132,11 @@ class _Watchdog:
                 else:
                     with contextlib.suppress(OSError):
                         os.read(wake_read, 512)
-            self._read_records()
+            now = time.monotonic()
+            if now >= next_poll:
+                next_poll = now + RECORD_POLL
+                self._read_records()
+                self.oom_count = oom_kills()
         selector.close()
         signal.set_wakeup_fd(-1)  # trio.run, if reports follow, sets its own
         if self.tee is not None:
@@ -118,80 +145,122 @@ class _Watchdog:
         return os.waitstatus_to_exitcode(status)
 
     def _forward(self, signum: int, frame: object) -> None:
+        sent = _DRAIN.get(signal.Signals(signum), signal.SIGTERM)
+        if signum == signal.SIGHUP:
+            _say("crash watch: SIGHUP received; draining the worker as for SIGTERM")
+        if self.signals is not None:
+            try:
+                os.write(self.signals, bytes([sent]))
+                return
+            except OSError:  # a worker that never read its pipe: the signal itself
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.child, sent)
+
+    def _pass_on(self, signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signum)
 
     def _read_records(self) -> None:
+        lost = self.ledger.lost
         while True:
             try:
                 data = os.read(self.records, 1 << 16)
             except BlockingIOError:
-                return
+                break
             if not data:
-                return
+                break
             self.ledger.feed(data)
+        if self.ledger.lost > lost:
+            _say(
+                "crash watch: the worker's take/settle records overflowed (it wrote them "
+                "faster than they were read); the jobs it held until then will not be "
+                "reported should it die, since a report must never be a second, different one"
+            )
 
     # -- after -----------------------------------------------------------------------------
 
     def after(self, code: int) -> None:
-        if code == 0:
-            return
+        from ._finals import read_finals
+
+        finals = read_finals(self.spec["state"], self.state)
         trusted = self.ledger.trust(self.state)
-        held = list(self.ledger.held)
-        if not held and trusted:
-            return
-        unstub()
+        crashed = [job_id for job_id in self.ledger.held if job_id not in finals]
+        if code == 0 and trusted and not finals and not crashed:
+            return  # a clean exit
+        log, describe_exit = _reporting_log(self.spec["log_level"])
         import logging
 
-        from .._config import Settings, Timings
-        from .._start import configure_logging
-        from ._report import describe_exit
-
-        configure_logging(self.spec["log_level"], os.environ)
-        log = logging.getLogger("trio_worker")
-        if not trusted:
+        how = describe_exit(code)
+        if not trusted or self.ledger.lost:
             log.error(
                 "the worker process %s; some of its take/settle records were lost, so the "
-                "jobs it held are not reported (a report must never be sent twice)",
-                describe_exit(code),
+                "jobs it held without a report in flight are not reported (a job must never "
+                "get a second, different final)",
+                how,
+            )
+        if not finals and not crashed:
+            log.log(
+                logging.ERROR if code < 0 else logging.WARNING,
+                "the worker process %s; it held no jobs, so there is nothing to report",
+                how,
             )
             return
-        log.error(
-            "the worker process %s; reporting the %d job(s) it held: %s",
-            describe_exit(code),
-            len(held),
-            ", ".join(held),
-        )
+        if finals:
+            log.error(
+                "the worker process %s with %d terminal report(s) in flight; sending the "
+                "same report(s) again: %s",
+                how,
+                len(finals),
+                ", ".join(finals),
+            )
+        if crashed:
+            log.error(
+                "the worker process %s; reporting the %d job(s) it held: %s",
+                how,
+                len(crashed),
+                ", ".join(crashed),
+            )
+        self._report(code, crashed, finals)
+
+    def _report(self, code: int, crashed: list[str], finals: dict[str, tuple[bytes, bool]]) -> None:
+        import trio
+
+        from .._config import Settings, Timings
+        from ._report import crash_body, kernel_says_oom_killed, report_held
+
         timings = Timings(**self.spec["timings"])
         settings = Settings.from_environ(
             os.environ, timings=timings, capture_logs=self.spec["capture_logs"]
         )
-        self._report(code, held, settings)
-
-    def _report(self, code: int, held: list[str], settings: Any) -> None:
-        import trio
-
-        from ._report import crash_body, kernel_says_oom_killed, oom_kills, report_held
-
         output = self.tee.tail() if self.tee is not None else ""
         oom = False
         if code == -signal.SIGKILL:
-            before, after = self.spec["oom_before"], oom_kills()
+            before, after = self.oom_count, oom_kills()
             counted = before is not None and after is not None and after > before
             oom = counted or kernel_says_oom_killed(self.child)
-        bodies = {
-            job_id: crash_body(
-                job_id,
-                code,
-                output,
-                oom_killed=oom,
-                during_init=not self.ledger.ready,
-                settings=settings,
+        during_init = not self.ledger.ready
+
+        def crashed_body(job_id: str) -> bytes:
+            return crash_body(
+                job_id, code, output, oom_killed=oom, during_init=during_init, settings=settings
             )
-            for job_id in held
-        }
 
         async def report() -> None:
-            await report_held(settings, bodies, leave_now=lambda: leave(code))
+            await report_held(
+                settings, finals, crashed, crashed_body, leave_now=lambda: leave(code)
+            )
 
         trio.run(report)
+
+
+def _reporting_log(level: int) -> tuple[Any, Any]:
+    """The SDK's logger, configured as the worker's was, and ``describe_exit``."""
+    unstub()
+    import logging
+
+    from .._start import configure_logging
+    from ._report import describe_exit
+
+    configure_logging(level, os.environ)
+    return logging.getLogger("trio_worker"), describe_exit

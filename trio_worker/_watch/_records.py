@@ -18,6 +18,13 @@ A worker can die with records still in its buffer, or before its ``X`` got throu
 writer also keeps, in a page of memory shared with the watchdog (``State``), whether it
 holds unsent records and how many times it dropped some; a watchdog whose pipe did not
 tell it everything forgets the held jobs (:meth:`Ledger.trust`).
+
+The same shared memory keeps the body of every terminal report in flight (``_finals``):
+:func:`final` before the first attempt, dropped by :func:`settle` *after* the settle
+record is written. So at any moment a job whose final may have reached the platform is
+either kept (the watchdog resends the same body) or settled (it sends nothing); only a
+held job with neither is reported ``WorkerCrashed``. A stop or a release is settled when it
+is requested, since the platform expects no report for it.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ import select
 import struct
 from collections import deque
 
+from ._finals import STATE_BYTES, Finals
+
 _STATE = struct.Struct("QQ")  # unsent records (0/1), overflows so far
 
-__all__ = ["Ledger", "RecordWriter", "ready", "settle", "take"]
+__all__ = ["Ledger", "RecordWriter", "final", "ready", "settle", "take"]
 
 TAKE = "T"
 SETTLE = "S"
@@ -92,8 +101,21 @@ class RecordWriter:
 
 
 def new_state() -> mmap.mmap:
-    """A page for a writer nobody watches (tests); the watched worker's is shared."""
-    return mmap.mmap(-1, mmap.PAGESIZE)
+    """State for a writer nobody watches (tests); the watched worker's is shared."""
+    return mmap.mmap(-1, STATE_BYTES)
+
+
+def open_state() -> tuple[int, mmap.mmap]:
+    """The memory the worker shares with the watchdog, made before the fork or launch:
+    its fd (not close-on-exec, so the exec'd watchdog maps it again) and its map."""
+    fd = os.memfd_create("trio_worker-records", 0)
+    os.ftruncate(fd, STATE_BYTES)
+    return fd, mmap.mmap(fd, STATE_BYTES)
+
+
+def map_state(fd: int) -> mmap.mmap:
+    """The state `open_state` made, mapped again from its fd (in the exec'd watchdog)."""
+    return mmap.mmap(fd, STATE_BYTES)
 
 
 class Ledger:
@@ -142,20 +164,25 @@ class Ledger:
 
 
 _writer: RecordWriter | None = None
+_finals: Finals | None = None
 
 
-def install(fd: int, state: mmap.mmap) -> None:
-    global _writer
+def install(fd: int, state_fd: int, state: mmap.mmap) -> None:
+    """In the watched worker: *fd* the record pipe's write end, *state_fd* and *state*
+    the shared memory (`open_state`), kept open for the terminal bodies."""
+    global _writer, _finals
     os.set_blocking(fd, False)
     _writer = RecordWriter(fd, state=state)
+    _finals = Finals(state_fd, state)
 
 
 def uninstall() -> None:
-    global _writer
+    global _writer, _finals
     if _writer is not None:
         with contextlib.suppress(OSError):
             os.close(_writer._fd)
     _writer = None
+    _finals = None
 
 
 def take(job_id: str) -> None:
@@ -170,7 +197,21 @@ def ready() -> None:
         _writer.write(READY, "")
 
 
+def final(job_id: str, body: bytes, *, is_stream: bool) -> None:
+    """A terminal report is about to be posted (no-op unless the worker is watched).
+
+    From here on the watchdog never sends a different final for the job: it resends
+    *body* itself, or, where the body could not be kept, nothing (a settle record).
+    """
+    if _finals is not None and _writer is not None:
+        if not _finals.keep(job_id, body, is_stream=is_stream):
+            _writer.write(SETTLE, job_id)
+
+
 def settle(job_id: str) -> None:
-    """A job left the ledger (no-op unless the worker is watched)."""
+    """A job left the ledger, or the platform expects no report for it any more (a stop
+    or a release was requested). No-op unless the worker is watched."""
     if _writer is not None:
         _writer.write(SETTLE, job_id)
+        if _finals is not None:
+            _finals.drop(job_id)  # after the record: never neither kept nor settled

@@ -21,11 +21,9 @@ ping keeps listing the jobs still to report, as the worker's own pings did.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
@@ -52,6 +50,9 @@ _FAULT_WORDS = {
     signal.SIGKILL: "killed outright: the kernel's OOM killer, or a kill -9",
 }
 _KMSG_RECORDS = 20_000  # bound on the kernel log read at a crash
+# Reports in flight at once: a platform that over-delivered before the death must not
+# cost one connection (and one body in memory) per job.
+REPORTS_AT_ONCE = 16
 
 
 def describe_exit(code: int) -> str:
@@ -85,11 +86,19 @@ def crash_body(
 
 async def report_held(
     settings: Settings,
-    bodies: dict[str, bytes],
+    finals: dict[str, tuple[bytes, bool]],
+    crashed: list[str],
+    crashed_body: Callable[[str], bytes],
     *,
     leave_now: Callable[[], NoReturn],
 ) -> dict[str, bool]:
-    """Post every body, pinging with the ids still to report; ``{job_id: delivered}``.
+    """Post every report, pinging with the ids still to report; ``{job_id: delivered}``.
+
+    *finals* are the terminal bodies the worker had started to post, ``{job_id: (body,
+    is_stream)}``: each goes again, the same bytes to the same route. Each job in *crashed*
+    gets ``crashed_body(job_id)``, built only when its turn comes. At most
+    ``REPORTS_AT_ONCE`` are in flight, so a worker that held a huge number of jobs costs
+    neither a connection nor a body each at once.
 
     The reports get the worker's own rules under one shutdown plan: its delivery budget,
     cut by ``shutdown_grace`` from now. A SIGTERM or SIGINT meanwhile cuts the reports at
@@ -105,11 +114,17 @@ async def report_held(
     plan = ShutdownPlan(settings.timings)
     plan.drain("the worker died; reporting the jobs it held", now=trio.current_time())
     delivery = Delivery(settings, client, plan)
-    remaining = dict.fromkeys(bodies)
+    remaining = dict.fromkeys([*finals, *crashed])
     outcome: dict[str, bool] = {}
+    limiter = trio.CapacityLimiter(REPORTS_AT_ONCE)
 
     async def one(job_id: str) -> None:
-        outcome[job_id] = await delivery.deliver(job_id, bodies[job_id], is_stream=False)
+        async with limiter:
+            if job_id in finals:
+                body, is_stream = finals[job_id]
+            else:
+                body, is_stream = crashed_body(job_id), False
+            outcome[job_id] = await delivery.deliver(job_id, body, is_stream=is_stream)
         remaining.pop(job_id, None)
 
     try:
@@ -126,7 +141,7 @@ async def report_held(
                     )
                 nursery.start_soon(_cut_on_signal, signals, plan, leave_now)
                 async with trio.open_nursery() as reports:
-                    for job_id in bodies:
+                    for job_id in list(remaining):
                         reports.start_soon(one, job_id)
                 nursery.cancel_scope.cancel()
     finally:
@@ -145,31 +160,6 @@ async def _cut_on_signal(
         if seen > 1:
             leave_now()
         plan.cut(signal.Signals(signum).name, now=trio.current_time())
-
-
-def oom_kills() -> int | None:
-    """The cgroup's ``oom_kill`` count (v2 ``memory.events``, or v1), None when unreadable."""
-    for path in _memory_event_files():
-        with contextlib.suppress(OSError, ValueError):
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-    return None
-
-
-def _memory_event_files() -> list[Path]:
-    files: list[Path] = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            hierarchy, controllers, path = line.split(":", 2)
-            if hierarchy == "0":
-                files.append(Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events")
-            elif "memory" in controllers.split(","):
-                base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-                files.append(base / "memory.oom_control")
-    files.append(Path("/sys/fs/cgroup/memory.events"))
-    return files
 
 
 def kernel_says_oom_killed(pid: int) -> bool:

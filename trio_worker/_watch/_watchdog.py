@@ -29,14 +29,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._capture._feed import Feed, Tee, adopt_feed, close_feed_ends, open_tee
-from .._capture._pipes import grow_pipe, shared_page
+from .._capture._pipes import grow_pipe
 from . import _records
-from ._report import oom_kills
+from ._oom import oom_kills
 
 if TYPE_CHECKING:
     from .._config import Settings
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT)
+# Blocked from before the fork until the watchdog's handlers are in place (``_main``).
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 TAIL_BYTES = 256 * 1024  # what the watchdog keeps of the output; reports clip to 16 KiB
 _PR_SET_PDEATHSIG = 1
 
@@ -57,21 +65,33 @@ main(spec)
 """
 
 
-def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed | None:
-    """Fork; returns in the child (the worker), with its `Feed` when output is teed.
+class Watched:
+    """What the watched worker keeps: the `Feed` its capture reads (when output is teed),
+    and the read end of the pipe the watchdog forwards stop signals through (for
+    ``_exit.ExitGuard``)."""
+
+    def __init__(self, feed: Feed | None, signals: int) -> None:
+        self.feed = feed
+        self.signals = signals
+
+
+def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Watched:
+    """Fork; returns in the child (the worker).
 
     The parent never returns: it becomes the watchdog, which exits with the child's status.
     """
     tee, feed = open_tee(TAIL_BYTES) if tee_output else (None, None)
     record_read, record_write = os.pipe()
     grow_pipe(record_write)
-    state_fd, state = shared_page("trio_worker-records")
+    state_fd, state = _records.open_state()
+    signals_read, signals_write = os.pipe()
     # Everything the watchdog needs is ready before the fork, so that after it the parent
     # only closes fds and execs: the worker waits for that (`_await_exec`).
     spec: dict[str, Any] = {
         "tee": None if tee is None else tee.spec(),
         "records": record_read,
         "state": state_fd,
+        "signals": signals_write,
         "oom_before": oom_kills(),
         "tail_bytes": TAIL_BYTES,
         "timings": dataclasses.asdict(settings.timings),
@@ -93,13 +113,14 @@ def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed
         os.close(exec_pending)
         _await_exec(exec_done)
         _become_worker(parent, tee, feed, record_read)
-        os.close(state_fd)
-        _records.install(record_write, state)
-        return feed
+        os.close(signals_write)
+        _records.install(record_write, state_fd, state)
+        return Watched(feed, signals_read)
     if tee is not None and feed is not None:
         tee.close_child_ends()
         close_feed_ends(feed)
     os.close(record_write)
+    os.close(signals_read)
     os.close(exec_done)
     spec["child"] = pid
     _exec_watchdog(spec, exec_pending)
@@ -115,7 +136,7 @@ def _await_exec(exec_done: int) -> None:
 
 def _exec_watchdog(spec: dict[str, Any], exec_pending: int) -> NoReturn:
     tee = spec["tee"]
-    fds = [spec["records"], spec["state"]]
+    fds = [spec["records"], spec["state"], spec["signals"]]
     if isinstance(tee, dict):
         fds += [*tee["reads"], *tee["copies"], tee["seq"]]
     for fd in fds:

@@ -1,0 +1,224 @@
+"""The crash watchdog's store of terminal bodies (``trio_worker._watch._finals``) and the
+records around it: what a watchdog reads after a death decides between resending the same
+body, ``WorkerCrashed`` and nothing (docs/design.md §13.2)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trio_worker._lifecycle import JobEvent, Ledger
+from trio_worker._watch import _finals
+from trio_worker._watch import _records as records
+from trio_worker._watch._finals import Finals, read_finals
+
+
+@pytest.fixture
+def shared() -> Iterator[tuple[int, object]]:
+    fd, state = records.open_state()
+    yield fd, state
+    state.close()
+    os.close(fd)
+
+
+@pytest.fixture
+def watched(shared: tuple[int, object]) -> Iterator[tuple[int, records.Ledger]]:
+    """A worker's records installed as a watched worker's are; the watchdog's ledger."""
+    fd, state = shared
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    records.install(write, fd, state)  # type: ignore[arg-type]
+    ledger = records.Ledger()
+    yield read, ledger
+    records.uninstall()
+    os.close(read)
+
+
+def _feed(read: int, ledger: records.Ledger) -> None:
+    while True:
+        try:
+            data = os.read(read, 1 << 16)
+        except BlockingIOError:
+            return
+        ledger.feed(data)
+
+
+def test_a_kept_body_is_read_back_whole_with_its_route(shared: tuple[int, object]) -> None:
+    fd, state = shared
+    finals = Finals(fd, state)  # type: ignore[arg-type]
+    assert finals.keep("job-1", b'{"output": 1}', is_stream=False)
+    assert finals.keep("job 2 \u00e9", b"x" * 100_000, is_stream=True)
+    assert read_finals(fd, state) == {  # type: ignore[arg-type]
+        "job-1": (b'{"output": 1}', False),
+        "job 2 \u00e9": (b"x" * 100_000, True),
+    }
+
+
+def test_a_second_keep_replaces_the_body_and_a_drop_forgets_it(
+    shared: tuple[int, object],
+) -> None:
+    fd, state = shared
+    finals = Finals(fd, state)  # type: ignore[arg-type]
+    finals.keep("job-1", b"y" * 50_000, is_stream=False)
+    finals.keep("job-1", b'{"error": "refused"}', is_stream=False)
+    finals.keep("job-2", b"{}", is_stream=False)
+    assert read_finals(fd, state) == {  # type: ignore[arg-type]
+        "job-1": (b'{"error": "refused"}', False),
+        "job-2": (b"{}", False),
+    }
+    finals.drop("job-1")
+    finals.drop("job-unknown")
+    assert read_finals(fd, state) == {"job-2": (b"{}", False)}  # type: ignore[arg-type]
+    finals.drop("job-2")
+    assert read_finals(fd, state) == {}  # type: ignore[arg-type]
+    assert os.fstat(fd).st_size <= _finals.STATE_BYTES + os.sysconf("SC_PAGE_SIZE")
+
+
+def test_an_entry_whose_state_word_was_never_written_is_not_read(
+    shared: tuple[int, object],
+) -> None:
+    """A death between the body's write and the state word: the body never counted."""
+    fd, state = shared
+    finals = Finals(fd, state)  # type: ignore[arg-type]
+    finals.keep("job-1", b"body", is_stream=False)
+    state[_finals._DIRECTORY : _finals._DIRECTORY + 8] = bytes(8)  # type: ignore[index]
+    assert read_finals(fd, state) == {}  # type: ignore[arg-type]
+
+
+def test_more_reports_in_flight_than_entries_are_refused_not_mixed_up(
+    shared: tuple[int, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_finals, "CAPACITY", 3)
+    fd, state = shared
+    finals = Finals(fd, state)  # type: ignore[arg-type]
+    assert [finals.keep(f"j{i}", f"b{i}".encode(), is_stream=False) for i in range(4)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    finals.drop("j1")
+    assert finals.keep("j4", b"b4", is_stream=False)
+    assert read_finals(fd, state) == {  # type: ignore[arg-type]
+        "j0": (b"b0", False),
+        "j2": (b"b2", False),
+        "j4": (b"b4", False),
+    }
+
+
+@settings(max_examples=60)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["keep", "drop"]), st.integers(0, 5), st.binary(max_size=64)),
+        max_size=40,
+    )
+)
+def test_what_is_read_is_exactly_what_was_kept_and_not_dropped(
+    ops: list[tuple[str, int, bytes]],
+) -> None:
+    fd, state = records.open_state()
+    try:
+        finals = Finals(fd, state)
+        model: dict[str, tuple[bytes, bool]] = {}
+        for op, n, body in ops:
+            job_id = f"job-{n}"
+            if op == "keep":
+                assert finals.keep(job_id, body, is_stream=n % 2 == 1)
+                model[job_id] = (body, n % 2 == 1)
+            else:
+                finals.drop(job_id)
+                model.pop(job_id, None)
+            assert read_finals(fd, state) == model
+    finally:
+        state.close()
+        os.close(fd)
+
+
+def test_a_final_then_its_settle_leave_no_moment_with_neither(
+    watched: tuple[int, records.Ledger], shared: tuple[int, object]
+) -> None:
+    """Kept from before the first attempt; after the settle record, gone."""
+    read, ledger = watched
+    fd, state = shared
+    records.take("job-1")
+    records.final("job-1", b'{"output": 2}', is_stream=False)
+    _feed(read, ledger)
+    assert list(ledger.held) == ["job-1"]
+    assert read_finals(fd, state) == {"job-1": (b'{"output": 2}', False)}  # type: ignore[arg-type]
+    records.settle("job-1")
+    _feed(read, ledger)
+    assert list(ledger.held) == []
+    assert read_finals(fd, state) == {}  # type: ignore[arg-type]
+
+
+def test_a_body_that_cannot_be_kept_is_settled_so_no_other_final_follows(
+    watched: tuple[int, records.Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read, ledger = watched
+    monkeypatch.setattr(_finals, "MAX_BODY", 10)
+    records.take("job-big")
+    records.final("job-big", b"x" * 11, is_stream=False)
+    _feed(read, ledger)
+    assert list(ledger.held) == []  # the watchdog will send nothing for it
+
+
+@pytest.mark.parametrize("event", [JobEvent.REQUEST_STOP, JobEvent.REQUEST_RELEASE])
+def test_a_requested_stop_or_release_is_settled_for_the_watchdog_at_once(
+    watched: tuple[int, records.Ledger], event: JobEvent
+) -> None:
+    """The platform expects no report for it: a death before the job's task unwinds must
+    not turn it into a WorkerCrashed report."""
+    read, watchdog = watched
+    ledger = Ledger()
+    job = ledger.add("job-1", {"id": "job-1", "input": {}})
+    assert job is not None
+    ledger.fire(job, JobEvent.START if event is JobEvent.REQUEST_STOP else JobEvent.WAIT_FOR_INIT)
+    _feed(read, watchdog)
+    assert list(watchdog.held) == ["job-1"]
+    ledger.fire(job, event)
+    assert "job-1" in ledger  # still held by the worker until its task unwinds
+    _feed(read, watchdog)
+    assert list(watchdog.held) == []
+
+
+def test_a_flush_is_not_stranded_by_a_watchdog_pump_that_forwarded_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog's busy counter goes odd, then even, with no copy written (its read
+    found the pipe empty): nothing wakes the worker's capture, so a flush that waited for a
+    notify sat out its whole timeout, stalling the loop once per failing job."""
+    import threading
+
+    from trio_worker._capture import OutputCapture, Redactor, _fd
+    from trio_worker._capture._feed import open_tee
+
+    monkeypatch.setattr(_fd, "_FLUSH_TIMEOUT", 600.0)  # a stranded flush would hang here
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    tee, feed = open_tee(64, real=(devnull, devnull))
+    capture = OutputCapture.install(redactor=Redactor(()), feed=feed)
+    waiting = threading.Event()
+    original_wait = capture._cond.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        waiting.set()
+        return original_wait(timeout)
+
+    monkeypatch.setattr(capture._cond, "wait", wait)
+    try:
+        tee._bump()  # odd: the watchdog is in a pump
+        assert feed.upstream_pending()
+        flusher = threading.Thread(target=capture.flush, daemon=True)
+        flusher.start()
+        assert waiting.wait(30.0)  # the flush waits for the watchdog
+        tee.pump(tee.reads[0])  # finds nothing: odd, then even, and no copy
+        tee._bump()  # the pump we started above ends: even
+        flusher.join(30.0)
+        assert not flusher.is_alive(), "the flush never saw the watchdog's counter go even"
+        assert capture.flush_timeouts == 0
+    finally:
+        capture.stop()
+        os.close(devnull)
