@@ -146,7 +146,9 @@ class ExitGuard:
     It owns SIGTERM and SIGINT as plain Python handlers, which run in the main thread
     even while the event loop is blocked (a handler calling ``time.sleep`` on it): the
     first signal asks the worker to shut down and arms the watchdog; a second one exits at
-    once, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT).
+    once, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT). A watched worker also
+    reads the signals its crash watchdog forwards (*forwarded*, a pipe, on a thread of its
+    own); a signal that reached this process both ways counts once (:class:`SignalCount`).
 
     The watchdog fires ``shutdown_grace + exit_watchdog`` after the shutdown began. If the
     loop answers that reports are still being delivered (each under its own deadline), it
