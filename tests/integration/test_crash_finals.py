@@ -172,3 +172,28 @@ async def test_sighup_to_the_watchdog_drains_the_worker_instead_of_losing_its_jo
     assert await worker.wait() == 0, worker.output
     assert fake.job(job_id).status == "COMPLETED"
     assert "SIGHUP received; draining the worker" in worker.output
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+async def test_a_signal_while_the_watchdog_reports_cuts_the_reports_a_second_ends_them(
+    platform: Platform, nursery: trio.Nursery, signals: int
+) -> None:
+    """The platform holds every job-done for a minute; the watchdog's reports would take
+    the whole shutdown grace (60 s). One SIGTERM cuts them to their report_deadline (1 s);
+    a second one exits at once, with the worker's status either way."""
+    fake = platform.fake
+    worker = await start(nursery, platform, GRACE="60", REPORT_DEADLINE="1")
+    pid = await worker_pid(worker)
+    job_id = fake.enqueue({"seconds": 60})
+    await worker.until_output(f"job {job_id} started")
+    fake.inject(Fault("done", delay=60.0, times=100))
+    os.kill(pid, signal.SIGKILL)
+    await worker.until_output("reporting the 1 job(s) it held")
+    with trio.fail_after(20):  # not the 60 s grace: the reports were cut
+        for _ in range(signals):
+            worker.signal(signal.SIGTERM)
+            await worker.until_output("SIGTERM while reporting")
+            await trio.sleep(0.1)
+        assert await worker.wait() == 137, worker.output
+    if signals == 1:
+        assert "RESULT LOST for job" in worker.output  # its deadline came first

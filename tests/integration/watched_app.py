@@ -75,5 +75,8 @@ if __name__ == "__main__":
         initializer=init,
         async_backend="trio",
         concurrency=int(os.environ.get("CONCURRENCY", "1")),
-        timings=trio_worker.Timings(shutdown_grace=float(os.environ.get("GRACE", "5"))),
+        timings=trio_worker.Timings(
+            shutdown_grace=float(os.environ.get("GRACE", "5")),
+            report_deadline=float(os.environ.get("REPORT_DEADLINE", "10")),
+        ),
     )

@@ -96,6 +96,7 @@ class _Watchdog:
         # The write end of the worker's forwarded-signal pipe (``_exit.ExitGuard``).
         self.signals: int | None = spec.get("signals")
         self.oom_count: int | None = spec["oom_before"]  # the last reading before a death
+        self.early_signals: list[int] = []  # stop signals between the death and the reports
 
     # -- while the worker lives ----------------------------------------------------------
 
@@ -139,6 +140,10 @@ class _Watchdog:
                 self.oom_count = oom_kills()
         selector.close()
         signal.set_wakeup_fd(-1)  # trio.run, if reports follow, sets its own
+        # From the death until the reports' own receiver is up, a stop signal is kept for
+        # it: forwarded to a dead worker, it would be lost.
+        for signum in _DRAIN:
+            signal.signal(signum, self._keep_signal)
         if self.tee is not None:
             self.tee.drain()
         self._read_records()
@@ -156,6 +161,9 @@ class _Watchdog:
                 pass
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, sent)
+
+    def _keep_signal(self, signum: int, frame: object) -> None:
+        self.early_signals.append(signum)
 
     def _pass_on(self, signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -248,7 +256,12 @@ class _Watchdog:
 
         async def report() -> None:
             await report_held(
-                settings, finals, crashed, crashed_body, leave_now=lambda: leave(code)
+                settings,
+                finals,
+                crashed,
+                crashed_body,
+                leave_now=lambda: leave(code),
+                early_signals=self.early_signals,
             )
 
         trio.run(report)

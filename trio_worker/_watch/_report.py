@@ -53,6 +53,8 @@ _KMSG_RECORDS = 20_000  # bound on the kernel log read at a crash
 # Reports in flight at once: a platform that over-delivered before the death must not
 # cost one connection (and one body in memory) per job.
 REPORTS_AT_ONCE = 16
+# What cuts the reports (and, twice, ends them), as the worker's own drain would.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def describe_exit(code: int) -> str:
@@ -91,6 +93,7 @@ async def report_held(
     crashed_body: Callable[[str], bytes],
     *,
     leave_now: Callable[[], NoReturn],
+    early_signals: list[int] | None = None,
 ) -> dict[str, bool]:
     """Post every report, pinging with the ids still to report; ``{job_id: delivered}``.
 
@@ -101,9 +104,11 @@ async def report_held(
     neither a connection nor a body each at once.
 
     The reports get the worker's own rules under one shutdown plan: its delivery budget,
-    cut by ``shutdown_grace`` from now. A SIGTERM or SIGINT meanwhile cuts the reports at
-    once (each still gets ``report_deadline`` from its start, as the worker's own); a
-    second one calls *leave_now*, as a second signal ends the worker at once.
+    cut by ``shutdown_grace`` from now. A SIGTERM, SIGINT or SIGHUP meanwhile cuts the
+    reports at once (each still gets ``report_deadline`` from its start, as the worker's
+    own); a second one calls *leave_now*, as a second signal ends the worker at once.
+    *early_signals*: those that came after the worker's death but before this run could
+    receive them (the watchdog's handlers keep them in this list); they count first.
     """
     from .._delivery import Delivery
     from .._platform._client import PlatformClient
@@ -128,7 +133,11 @@ async def report_held(
         remaining.pop(job_id, None)
 
     try:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            # From here on the receiver has them: what came before is in early_signals.
+            cut = _Cut(plan, leave_now)
+            for signum in early_signals or ():
+                cut(signum)
             async with trio.open_nursery() as nursery:
                 ping = settings.platform.ping_url
                 if ping:
@@ -139,7 +148,7 @@ async def report_held(
                         settings.platform.ping_interval,
                         lambda: tuple(remaining),
                     )
-                nursery.start_soon(_cut_on_signal, signals, plan, leave_now)
+                nursery.start_soon(_cut_on_signal, signals, cut)
                 async with trio.open_nursery() as reports:
                     for job_id in list(remaining):
                         reports.start_soon(one, job_id)
@@ -150,16 +159,25 @@ async def report_held(
     return outcome
 
 
-async def _cut_on_signal(
-    signals: AsyncIterator[int], plan: ShutdownPlan, leave_now: Callable[[], NoReturn]
-) -> None:
-    seen = 0
-    async for signum in signals:
-        seen += 1
+class _Cut:
+    """The first stop signal cuts the reports to their deadlines; a second ends them."""
+
+    def __init__(self, plan: ShutdownPlan, leave_now: Callable[[], NoReturn]) -> None:
+        self.plan = plan
+        self.leave_now = leave_now
+        self.seen = 0
+
+    def __call__(self, signum: int) -> None:
+        self.seen += 1
         log.warning("crash watchdog: %s while reporting", signal.Signals(signum).name)
-        if seen > 1:
-            leave_now()
-        plan.cut(signal.Signals(signum).name, now=trio.current_time())
+        if self.seen > 1:
+            self.leave_now()
+        self.plan.cut(signal.Signals(signum).name, now=trio.current_time())
+
+
+async def _cut_on_signal(signals: AsyncIterator[int], cut: _Cut) -> None:
+    async for signum in signals:
+        cut(signum)
 
 
 def kernel_says_oom_killed(pid: int) -> bool:
