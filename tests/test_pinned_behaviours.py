@@ -162,16 +162,15 @@ async def test_a_sync_fitness_check_that_returns_an_awaitable_is_awaited_and_cou
 ) -> None:
     """A decorated async check looks sync; what it returns is awaited, and its failure is
     the worker's: one unhealthy ping naming it, exit 1, no job taken."""
-    handler_file = os.path.join(tmp_path, "handler.py")
-    with open(handler_file, "w") as f:
-        f.write(AWAITABLE_CHECK_FILE)
+    handler_file = trio.Path(tmp_path, "handler.py")
+    await handler_file.write_text(AWAITABLE_CHECK_FILE)
     platform = FakePlatform(take_hold=1.0)
     async with trio_worker.testing.run_platform_server(platform) as url:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "PYTHONPATH"))}
         env.update(platform.worker_env(url), RUNPOD_SKIP_AUTO_SYSTEM_CHECKS="true")
         with trio.fail_after(30):  # a check not awaited passes: the worker would run on
             done = await trio.run_process(
-                [sys.executable, handler_file],
+                [sys.executable, str(handler_file)],
                 env=env,
                 capture_stdout=True,
                 capture_stderr=True,
