@@ -7,6 +7,7 @@ import trio
 import trio.testing
 
 from tests.backends import HostLoopClock
+from tests.installs import Install, install_by_pth, install_editable, install_wheel
 
 
 @pytest.fixture
@@ -21,3 +22,25 @@ def virtual_clock(request: pytest.FixtureRequest) -> trio.abc.Clock:
     if callspec is not None and callspec.params.get("backend") == "asyncio":
         return HostLoopClock()
     return trio.testing.MockClock(autojump_threshold=0)
+
+
+# The project installed for real, once per session (tests/installs.py): each fixture
+# builds its environment the first time a test asks for it.
+
+
+@pytest.fixture(scope="session")
+def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A virtual environment with the project installed from its wheel."""
+    return install_wheel(tmp_path_factory.mktemp("wheel-install"))
+
+
+@pytest.fixture(scope="session")
+def editable_install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A virtual environment with the project installed by ``pip install -e``."""
+    return install_editable(tmp_path_factory.mktemp("editable-install"))
+
+
+@pytest.fixture(scope="session")
+def pth_install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A virtual environment with the dependencies, and the package through a ``.pth``."""
+    return install_by_pth(tmp_path_factory.mktemp("pth-install"))

@@ -5,7 +5,8 @@ See docs/design.md §13 and docs/how-it-works.md ("Two processes").
 * ``_records``: the take and settle records the worker writes, and the watchdog's ledger
   of them. Imported by the lifecycle on every take, so it is tiny and imports nothing.
 * ``_watchdog``: the fork at ``start()``, and the exec of the watchdog in the parent.
-* ``_main``: the watchdog's program: signals, output, records, the worker's exit.
+* ``_main``: the watchdog's program: signals, output, records, the worker's exit;
+  ``_imports``: where it imports the reporting code from.
 * ``_report``: the cause of a crash, its category, the job-done bodies and their delivery.
 
 :func:`watch_crashes` is the one call ``start()`` makes.

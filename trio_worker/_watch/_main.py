@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 from .._capture._feed import Tee
 from .._capture._pipes import map_page
 from . import _records
+from ._imports import load_package
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
 
@@ -53,12 +54,18 @@ def leave(code: int) -> NoReturn:
 
 def unstub() -> None:
     """Replace the bare package namespaces of ``BOOTSTRAP`` with the real packages (the
-    modules already loaded stay), so the reporting code imports as anywhere else."""
+    modules already loaded stay), loaded from where the worker loaded them
+    (``_imports``), so the reporting code imports as anywhere else."""
+    package = sys.modules.get("trio_worker")
+    if package is None or hasattr(package, "__file__"):  # watching without the exec
+        import trio_worker  # noqa: F401
+
+        return
     for name in ("trio_worker._watch", "trio_worker._capture", "trio_worker"):
         module = sys.modules.get(name)
         if module is not None and not hasattr(module, "__file__"):
             del sys.modules[name]
-    import trio_worker  # noqa: F401
+    load_package(package.__path__[0])
 
 
 def _say(line: str) -> None:

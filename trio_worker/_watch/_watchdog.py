@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .._capture._feed import Feed, Tee, adopt_feed, close_feed_ends, open_tee
 from .._capture._pipes import grow_pipe, shared_page
 from . import _records
+from ._imports import site_flags
 from ._report import oom_kills
 
 if TYPE_CHECKING:
@@ -42,8 +43,8 @@ _PR_SET_PDEATHSIG = 1
 
 # Run by the exec'd watchdog (``python -S -c BOOTSTRAP SPEC``). The packages on the way to
 # ``_main`` are entered as bare namespaces, so their ``__init__`` (the whole SDK, trio and
-# httpx) is not imported until a crash needs it (``_main.unstub``). -S: the parent's
-# sys.path is given whole, so ``site`` has nothing left to do.
+# httpx) is not imported until a crash needs it (``_main.unstub``). -S: the worker's
+# sys.path is given whole, and the .pth files' import hooks wait for a crash (``_imports``).
 BOOTSTRAP = """\
 import marshal, os, sys, types
 spec = marshal.loads(bytes.fromhex(sys.argv[1]))
@@ -130,7 +131,8 @@ def _exec_watchdog(spec: dict[str, Any], exec_pending: int) -> NoReturn:
     try:
         # marshal: built in, so the watchdog decodes its spec without importing json.
         argument = marshal.dumps(spec).hex()
-        os.execv(sys.executable, [sys.executable, "-S", "-c", BOOTSTRAP, argument])
+        argv = [sys.executable, *site_flags(), "-S", "-c", BOOTSTRAP, argument]
+        os.execv(sys.executable, argv)
     except OSError:
         # No interpreter to exec (a frozen app): the worker is running; wait for it
         # here instead, with this process's memory, rather than leave it unwatched.
