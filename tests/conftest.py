@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 import trio
 import trio.testing
@@ -22,6 +25,31 @@ def virtual_clock(request: pytest.FixtureRequest) -> trio.abc.Clock:
     if callspec is not None and callspec.params.get("backend") == "asyncio":
         return HostLoopClock()
     return trio.testing.MockClock(autojump_threshold=0)
+
+
+class _Keeper(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def worker_log() -> Iterator[list[logging.LogRecord]]:
+    """What the ``trio_worker`` logger hands its handlers, whatever logging tests before
+    this one configured: the logger gets this one handler, and its level stays INFO."""
+    logger = logging.getLogger("trio_worker")
+    saved = (logger.handlers, logger.level, logger.propagate)
+    keeper = _Keeper()
+    logger.handlers, logger.propagate = [keeper], False
+    logger.setLevel(logging.INFO)
+    try:
+        yield keeper.records
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[2]
+        logger.setLevel(saved[1])
 
 
 # The project installed for real, once per session (tests/installs.py): each fixture
