@@ -3,10 +3,10 @@ worker loaded it (docs/design.md §13.1).
 
 The project is installed for real into temporary virtual environments, once per session
 (``tests/installs.py``): a wheel, an editable install, a ``.pth`` file; and a copy on
-``PYTHONPATH`` in front of the wheel. A worker from each (``python handler.py``, which
-forks at ``start()``) dies by SIGSEGV holding a job, and the fake platform, over
-loopback, must get its ``WorkerCrashed`` report, carrying the version of the very copy
-the worker imported. No test here sets ``PYTHONPATH`` but the one about it.
+``PYTHONPATH`` in front of the wheel. A worker from each dies by SIGSEGV holding a job, in
+both forms (``python handler.py``, which forks at ``start()``, and the launcher), and the
+fake platform, over loopback, must get its ``WorkerCrashed`` report, carrying the version
+of the very copy the worker imported. No test here sets ``PYTHONPATH`` but the one about it.
 """
 
 from __future__ import annotations
@@ -38,12 +38,15 @@ def handler(job):
 trio_worker.start(handler)
 """
 
-FORMS = ("fork",)
+FORMS = ("fork", "launcher")
 
 
 def command(install: Install, form: str, app: Path) -> list[str]:
-    assert form == "fork"
-    return [str(install.python), str(app)]
+    if form == "fork":
+        return [str(install.python), str(app)]
+    if install.script("trio-worker").exists():
+        return [str(install.script("trio-worker")), "run", str(app)]
+    return [str(install.python), "-m", "trio_worker", str(app)]  # no script: not pip's
 
 
 async def crash_once(

@@ -6,6 +6,8 @@ See docs/design.md §13 and docs/how-it-works.md ("Two processes").
   of them. Imported by the lifecycle on every take, so it is tiny and imports nothing.
 * ``_watchdog``: the fork at ``start()``, and the exec of the watchdog both forms end in.
 * ``_fork_rules``: when forking at ``start()`` is not safe.
+* ``_launch``: the launcher (``trio-worker run``): the watchdog first, the handler file
+  its child; ``_launched``: that child's side, found and adopted at ``start()``.
 * ``_main``: the watchdog's program: signals, output, records, the worker's exit;
   ``_imports``: where it imports the reporting code from.
 * ``_report``: the cause of a crash, its category, the job-done bodies and their delivery.
@@ -37,11 +39,23 @@ _OFF = frozenset({"0", "false", "no", "off"})
 
 
 def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) -> Feed | None:
-    """Fork the worker under a crash watchdog, or say in one line why not.
+    """Run the worker watched, or say in one line why not.
 
-    Returns in the worker process (the `Feed` its output capture reads when
+    Launched (``trio-worker run``): adopts the watchdog's pipes. Otherwise forks, and
+    returns in the worker process (the `Feed` its output capture reads when
     *tee_output*); the watchdog process never returns from here.
     """
+    from ._launched import adopt_launch, find_launch
+
+    launch = find_launch()
+    log_level = log.getEffectiveLevel()
+    if launch is not None:
+        feed = adopt_launch(
+            launch, settings, crash_watch=crash_watch, tee_output=tee_output, log_level=log_level
+        )
+        if not crash_watch:
+            say_unwatched("start(crash_watch=False)", logging.INFO)
+        return feed
     if not crash_watch:
         say_unwatched("start(crash_watch=False)", logging.INFO)
         return None
@@ -52,7 +66,7 @@ def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) ->
     from ._watchdog import ForkRefused, fork_worker
 
     try:
-        return fork_worker(settings, tee_output=tee_output, log_level=log.getEffectiveLevel())
+        return fork_worker(settings, tee_output=tee_output, log_level=log_level)
     except ForkRefused as refused:
         say_unwatched(str(refused))
         return None

@@ -1,14 +1,17 @@
 """The crash watchdog's program: what PID 1 runs once the worker is forked (docs/design.md §13).
 
 Started by ``_watchdog`` through ``execv`` (see ``BOOTSTRAP`` there), with the pipes and
-shared pages as inherited fds and the rest in one JSON *spec*. While the worker lives it
-does three things, and imports little (its resident memory is the overhead the worker
-pays; see docs/design.md §13 for the figures):
+shared pages as inherited fds and the rest in one marshalled *spec*; ``spec["child"]`` is
+the worker, forked at ``start()`` or spawned by the launcher (``_launch``). While the
+worker lives it does four things, and imports little (its resident memory is the
+overhead the worker pays; see docs/design.md §13 for the figures):
 
 * forwards SIGTERM and SIGINT to the worker;
 * passes the worker's fds 1/2 through (``Tee``), waking only when there is output;
 * reads the take and settle records every ``RECORD_POLL`` seconds, not per record, so a
-  job costs it no wake-up: the record pipe holds minutes of records.
+  job costs it no wake-up: the record pipe holds minutes of records;
+* reaps every child that exits, the worker's orphans included: as PID 1 it is their
+  parent, and a zombie nobody waits for stays in the process table (as tini does).
 
 When the worker is gone it reads what is left, and if the worker died by a signal or
 exited non-zero with jobs held, imports the SDK (``unstub``) and reports them (``_report``).
@@ -27,6 +30,7 @@ from .._capture._feed import Tee
 from .._capture._pipes import map_page
 from . import _records
 from ._imports import load_package
+from ._launched import read_options
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
 
@@ -105,8 +109,8 @@ class _Watchdog:
                 selector.register(fd, selectors.EVENT_READ, "out")
         selector.register(wake_read, selectors.EVENT_READ, "wake")
         while True:
-            waited, status = os.waitpid(self.child, os.WNOHANG)
-            if waited:
+            status = self._reap()
+            if status is not None:
                 break
             for key, _ in selector.select(RECORD_POLL):
                 if key.data == "out" and self.tee is not None:
@@ -122,7 +126,24 @@ class _Watchdog:
         if self.tee is not None:
             self.tee.drain()
         self._read_records()
+        self._take_worker_options()
         return os.waitstatus_to_exitcode(status)
+
+    def _reap(self) -> int | None:
+        """Wait for every child that has exited; the worker's wait status once it has."""
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return None
+            if pid == self.child:
+                return status
+
+    def _take_worker_options(self) -> None:
+        # Launched, the options only start() knew come now (the fork form had them).
+        if "options" in self.spec:
+            self.spec.update(read_options(self.spec["options"]))
+            if self.spec["capture_logs"] != "on" and self.tee is not None:
+                self.tee.drop_tail()
 
     def _forward(self, signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):

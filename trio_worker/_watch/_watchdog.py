@@ -42,6 +42,7 @@ from .._capture._pipes import close_all, grow_pipe, shared_page
 from . import _records
 from ._fork_rules import launcher_hint, native_threads_left
 from ._imports import site_flags
+from ._launched import die_with
 
 if TYPE_CHECKING:
     import mmap
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
 TAIL_BYTES = 256 * 1024  # what the watchdog keeps of the output; reports clip to 16 KiB
-_PR_SET_PDEATHSIG = 1
 _CAP_SYS_NICE = 23  # the capability's bit in /proc/self/status's Cap* masks
 _GO, _UNDO = b"+", b"!"  # the parent's word to a forked child: run on, or exit at once
 
@@ -272,15 +272,6 @@ def may_restore_priority(original: int, status: str, nice_limit: int, euid: int)
         return False
     kept = masks.get("CapBnd", 0) if euid == 0 else masks.get("CapAmb", 0)
     return bool(kept & bit)
-
-
-def die_with(parent: int) -> None:
-    """Be killed when *parent*, the watchdog, dies (SIGKILLed: nobody would read this
-    process's output or report its jobs); exit now if it already has."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)  # the watchdog died before prctl took effect
 
 
 def _become_worker(parent: int, ends: WatchEnds) -> None:
