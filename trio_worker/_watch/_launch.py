@@ -83,9 +83,10 @@ def launch(handler_file: str, args: Sequence[str]) -> NoReturn:
     ends.close_worker_ends()
     os.close(options_write)
     spec = ends.spec()
-    spec.update(child=child, options=options_read, oom_before=_oom_kills())
-    # Until start() sends its own (_launched.read_options): what a worker has by default.
-    spec.update(timings={}, capture_logs="on", log_level=logging.INFO)
+    spec.update(child=child, options=options_read)
+    # Until start() sends its own (_launched.read_options): what a worker has by default,
+    # and no OOM count (start() sends it before the first take; nothing is held before).
+    spec.update(timings={}, capture_logs="on", log_level=logging.INFO, oom_before=None)
     exec_watchdog(spec)
 
 
@@ -120,16 +121,3 @@ def interpreter_flags() -> list[str]:
     flags += ["-B"] if sys.flags.dont_write_bytecode else []
     flags += [f"-W{option}" for option in sys.warnoptions]
     return flags
-
-
-def _oom_kills() -> int | None:
-    # The cgroup's OOM count before the worker can be killed, read once it runs: reading
-    # it first would make the worker wait for trio's import (the reporting code's), and
-    # a kill in its first instants, before it loaded anything, is not an OOM kill to find.
-    # The worker runs already: whatever breaks here must not leave it without a watchdog.
-    try:
-        from ._report import oom_kills
-
-        return oom_kills()
-    except Exception:
-        return None

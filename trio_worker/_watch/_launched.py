@@ -5,8 +5,9 @@ first and runs the file as its child, with the pipes and shared pages already ma
 and 2 are the output pipes the watchdog reads, and one environment variable,
 ``TRIO_WORKER_LAUNCHED``, names the other inherited fds. ``start()`` adopts them instead
 of forking: the record pipe and its page (``_records``), the copy of the output its
-capture reads (``Feed``), and one more pipe that tells the watchdog the options only
-``start()`` knows (``Timings``, ``capture_logs``, the log level), read after a crash.
+capture reads (``Feed``), and one more pipe that tells the watchdog what only ``start()``
+knows (``Timings``, ``capture_logs``, the log level, the cgroup's OOM count before the
+first take), read after a crash.
 
 The variable is removed at once, and the fds made close-on-exec, so nothing this worker
 starts later takes them for its own. One that an earlier child inherited is refused: the
@@ -81,6 +82,7 @@ def adopt_launch(
     from .._capture._feed import Feed
     from .._capture._pipes import close_all, map_page
     from . import _records
+    from ._report import oom_kills
 
     die_with(launch["watchdog"])
     tee = launch["tee"]
@@ -101,6 +103,8 @@ def adopt_launch(
         "timings": dataclasses.asdict(settings.timings),
         "capture_logs": settings.capture_logs if tee_output else "off",
         "log_level": log_level,
+        # Read here, not by the launcher: there it would import trio before the file runs.
+        "oom_before": oom_kills(),
     }
     with contextlib.suppress(OSError):  # a watchdog gone already: start() dies with it
         os.write(launch["options"], marshal.dumps(options))
