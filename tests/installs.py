@@ -38,11 +38,16 @@ class Install:
         return self.venv / "bin" / name
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
-        """*base* with this environment's bin first on PATH, and no PYTHONPATH."""
-        env = {k: v for k, v in base.items() if k != "PYTHONPATH"}
-        env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{base.get('PATH', '')}"
-        env["VIRTUAL_ENV"] = str(self.venv)
-        return env
+        return venv_env(self.venv, base)
+
+
+def venv_env(venv: Path, base: dict[str, str]) -> dict[str, str]:
+    """*base* with *venv*'s bin first on PATH (as an image's PATH finds its commands), and
+    no PYTHONPATH."""
+    env = {k: v for k, v in base.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{base.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    return env
 
 
 def project_copy(root: Path, version: str) -> Path:
