@@ -21,8 +21,12 @@ FLAGS = ("--test_input", "--rp_log_level", "--rp_serve_api", "--rp_api_host", "-
 
 
 def run(*argv: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
-    clean["PYTHONPATH"] = str(REPO)
+    # No PYTHONPATH: the commands run as installed, as a user's do.
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RUNPOD_", "TW_")) and k != "PYTHONPATH"
+    }
     clean.update(env)
     return subprocess.run(
         [sys.executable, *argv],

@@ -1,4 +1,4 @@
-"""The crash watchdog's program: what PID 1 runs once the worker is forked (docs/design.md §13).
+"""The crash watchdog's program: what PID 1 runs once the worker is started (docs/design.md §13).
 
 Started by ``_watchdog`` through ``execv`` (see ``BOOTSTRAP`` there), with the pipes and
 shared pages as inherited fds and the rest in one marshalled *spec*; ``spec["child"]`` is
