@@ -7,7 +7,8 @@ What it does before ``start()`` comes from ``TW_BEFORE`` (comma-separated):
   ``vllm serve``; every job first checks ``poll()``, as that file does;
 * ``numpy``: ``import numpy`` and a matrix product (OpenBLAS starts its thread pool);
 * ``native_thread``: a thread started by C code (``pthread_create``), which no
-  ``pthread_atfork`` handler stops: what GNU OpenMP's pool is after a parallel region.
+  ``pthread_atfork`` handler stops: what GNU OpenMP's pool is after a parallel region;
+* ``opt_out``: ``TRIO_WORKER_CRASH_WATCH=0`` set by the file itself.
 
 A job's input says what it does: ``{"crash": true}`` dies by SIGSEGV; ``{"matmul": n}``
 returns a numpy product's sum; ``{"orphan": true}`` leaves a grandchild to be re-parented
@@ -47,6 +48,10 @@ if "native_thread" in BEFORE:
     thread = ctypes.c_ulong()
     # pause() as the thread's body: it blocks until a signal, for the process's life.
     libc.pthread_create(ctypes.byref(thread), None, libc.pause, None)
+
+
+if "opt_out" in BEFORE:
+    os.environ["TRIO_WORKER_CRASH_WATCH"] = "0"
 
 
 def _state(pid: int) -> str:

@@ -156,6 +156,25 @@ async def test_opted_out_the_file_runs_in_the_launchers_place(
     assert "crash watch off: TRIO_WORKER_CRASH_WATCH=0" in worker.output
 
 
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        ({"TW_CRASH_WATCH": "0"}, "crash watch off: start(crash_watch=False)"),
+        ({"TW_BEFORE": "opt_out"}, "crash watch off: TRIO_WORKER_CRASH_WATCH=0"),
+    ],
+)
+async def test_opted_out_inside_the_file_a_death_reports_nothing(
+    platform: Platform, nursery: trio.Nursery, env: dict[str, str], line: str
+) -> None:
+    crashing = platform.fake.enqueue({"crash": True})
+    argv = [*LAUNCHERS["trio-worker run"], str(APP)]
+    worker = await open_worker(nursery, argv, platform.env(**env))
+    assert await worker.wait() == 139, worker.output  # still the worker's status
+    assert platform.fake.job(crashing).done_reports == []
+    assert worker.output.count("crash watch off: ") == 1
+    assert line in worker.output
+
+
 async def test_a_local_run_is_the_file_in_the_launchers_place(
     platform: Platform, nursery: trio.Nursery, launcher: list[str]
 ) -> None:

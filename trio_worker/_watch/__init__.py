@@ -50,11 +50,14 @@ def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) ->
     launch = find_launch()
     log_level = log.getEffectiveLevel()
     if launch is not None:
+        # The output still passes through the watchdog; only the records say what to report.
+        off = None if crash_watch else "start(crash_watch=False)"
+        off = off or opted_out(os.environ)  # set by the file itself, after the launcher read it
         feed = adopt_launch(
-            launch, settings, crash_watch=crash_watch, tee_output=tee_output, log_level=log_level
+            launch, settings, crash_watch=off is None, tee_output=tee_output, log_level=log_level
         )
-        if not crash_watch:
-            say_unwatched("start(crash_watch=False)", logging.INFO)
+        if off is not None:
+            say_unwatched(off, logging.INFO if not crash_watch else logging.WARNING)
         return feed
     if not crash_watch:
         say_unwatched("start(crash_watch=False)", logging.INFO)

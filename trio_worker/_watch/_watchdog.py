@@ -78,7 +78,12 @@ class ForkRefused(Exception):
 @dataclasses.dataclass
 class WatchEnds:
     """The pipes and pages between a worker and its watchdog, made before the worker
-    exists (before the fork, or before the launcher spawns the handler file)."""
+    exists (before the fork, or before the launcher spawns the handler file).
+
+    The launcher names the worker's ends in ``TRIO_WORKER_LAUNCHED`` (``_launch``) and the
+    file's ``start()`` takes them over (``_launched``): one more fd here is one more there,
+    and a new ``_launched.PROTOCOL``.
+    """
 
     tee: Tee | None
     feed: Feed | None
