@@ -72,7 +72,7 @@ def test_no_options_or_garbage_leave_the_defaults(
 
 
 def launch_value(**changes: object) -> str:
-    fds = {"records": 5, "state": 6, "options": 7, "tee": None}
+    fds = {"records": 0, "state": 1, "options": 2, "tee": None}  # open in any process
     return json.dumps({"protocol": PROTOCOL, "watchdog": os.getppid(), **fds, **changes})
 
 
@@ -81,12 +81,13 @@ def test_the_launchers_fds_are_found_and_the_variable_removed(
 ) -> None:
     monkeypatch.setenv(ENV, launch_value())
     launch = find_launch()
-    assert launch is not None and launch["records"] == 5
+    assert launch is not None and launch["options"] == 2
     assert ENV not in os.environ  # what this worker starts later is not launched
     assert find_launch() is None
 
 
 OTHER = "written by another version of trio_worker, or not by the launcher"
+FDS = "it does not name this process's open fds"
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,11 @@ OTHER = "written by another version of trio_worker, or not by the launcher"
         (launch_value(watchdog=1), "the watchdog it names is not this process's parent"),
         (launch_value(protocol=PROTOCOL + 1), OTHER),
         ("{not json", OTHER),
+        (launch_value(records="5"), FDS),
+        (launch_value(state=True), FDS),
+        (launch_value(options=987654), FDS),  # not open here
+        (launch_value(tee={"copies": [0], "upstream": [1, 2], "seq": 0}), FDS),
+        (launch_value(tee=[0, 1]), FDS),
     ],
 )
 def test_a_variable_not_from_this_processs_launcher_is_ignored(

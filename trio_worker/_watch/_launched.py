@@ -61,10 +61,34 @@ def find_launch() -> dict[str, Any] | None:
         why = "written by another version of trio_worker, or not by the launcher"
     elif launch.get("watchdog") != os.getppid():
         why = "the watchdog it names is not this process's parent"
+    elif not _names_open_fds(launch):
+        why = "it does not name this process's open fds"
     else:
         return launch
     logging.getLogger("trio_worker").warning("ignoring %s (%s)", ENV, why)
     return None
+
+
+def _names_open_fds(launch: dict[str, Any]) -> bool:
+    tee = launch.get("tee")
+    fds = [launch.get(key) for key in ("records", "state", "options")]
+    if tee is not None:
+        if not isinstance(tee, dict):
+            return False
+        copies, upstream = tee.get("copies"), tee.get("upstream")
+        if not (isinstance(copies, list) and isinstance(upstream, list)):
+            return False
+        if len(copies) != 2 or len(upstream) != 2:
+            return False
+        fds += [*copies, *upstream, tee.get("seq")]
+    for fd in fds:
+        if not isinstance(fd, int) or isinstance(fd, bool):
+            return False
+        try:
+            os.fstat(fd)
+        except OSError:
+            return False
+    return True
 
 
 def adopt_launch(
@@ -79,12 +103,16 @@ def adopt_launch(
     *tee_output*. Without *crash_watch*, no record is written: a death reports nothing."""
     import dataclasses
 
+    from .._capture import flush_stdio
     from .._capture._feed import Feed
     from .._capture._pipes import close_all, map_page
     from . import _records
     from ._report import oom_kills
 
     die_with(launch["watchdog"])
+    # What the file printed before start() reaches the watchdog now, as the fork form's
+    # flush before its fork does: a crash report's tail then has it.
+    flush_stdio()
     tee = launch["tee"]
     fds = [launch["records"], launch["state"], launch["options"]]
     if tee is not None:

@@ -23,7 +23,6 @@ and one marshalled argument.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import marshal
@@ -37,6 +36,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .._capture import flush_stdio
 from .._capture._feed import Feed, Tee, adopt_feed, close_feed_ends, discard_tee, open_tee
 from .._capture._pipes import close_all, grow_pipe, shared_page
 from . import _records
@@ -148,7 +148,7 @@ def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Feed
         log_level=log_level,
     )
     exec_done, exec_pending = os.pipe()  # closed by the exec (O_CLOEXEC)
-    _flush_stdio()  # or the child would print the parent's buffered output a second time
+    flush_stdio()  # or the child would print the parent's buffered output a second time
     # Blocked until the watchdog has its handlers: a SIGTERM sent meanwhile waits for it
     # (the mask survives the exec) instead of killing the half-started watchdog.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
@@ -291,11 +291,3 @@ def _become_worker(parent: int, ends: WatchEnds) -> None:
     os.close(ends.record_read)
     os.close(ends.state_fd)
     _records.install(ends.record_write, ends.state)
-
-
-def _flush_stdio() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).fflush(None)
