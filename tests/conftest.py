@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 import trio
 import trio.testing
 
 from tests.backends import HostLoopClock
+from tests.installs import Install, install_by_pth, install_editable, install_wheel
 
 
 @pytest.fixture
@@ -21,3 +25,50 @@ def virtual_clock(request: pytest.FixtureRequest) -> trio.abc.Clock:
     if callspec is not None and callspec.params.get("backend") == "asyncio":
         return HostLoopClock()
     return trio.testing.MockClock(autojump_threshold=0)
+
+
+class _Keeper(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def worker_log() -> Iterator[list[logging.LogRecord]]:
+    """What the ``trio_worker`` logger hands its handlers, whatever logging tests before
+    this one configured: the logger gets this one handler, and its level stays INFO."""
+    logger = logging.getLogger("trio_worker")
+    saved = (logger.handlers, logger.level, logger.propagate)
+    keeper = _Keeper()
+    logger.handlers, logger.propagate = [keeper], False
+    logger.setLevel(logging.INFO)
+    try:
+        yield keeper.records
+    finally:
+        logger.handlers, logger.propagate = saved[0], saved[2]
+        logger.setLevel(saved[1])
+
+
+# The project installed for real, once per session (tests/installs.py): each fixture
+# builds its environment the first time a test asks for it.
+
+
+@pytest.fixture(scope="session")
+def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A virtual environment with the project installed from its wheel."""
+    return install_wheel(tmp_path_factory.mktemp("wheel-install"))
+
+
+@pytest.fixture(scope="session")
+def editable_install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A virtual environment with the project installed by ``pip install -e``."""
+    return install_editable(tmp_path_factory.mktemp("editable-install"))
+
+
+@pytest.fixture(scope="session")
+def pth_install(tmp_path_factory: pytest.TempPathFactory) -> Install:
+    """A virtual environment with the dependencies, and the package through a ``.pth``."""
+    return install_by_pth(tmp_path_factory.mktemp("pth-install"))

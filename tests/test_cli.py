@@ -21,8 +21,12 @@ FLAGS = ("--test_input", "--rp_log_level", "--rp_serve_api", "--rp_api_host", "-
 
 
 def run(*argv: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
-    clean["PYTHONPATH"] = str(REPO)
+    # No PYTHONPATH: the commands run as installed, as a user's do.
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RUNPOD_", "TW_")) and k != "PYTHONPATH"
+    }
     clean.update(env)
     return subprocess.run(
         [sys.executable, *argv],
@@ -55,6 +59,17 @@ def busy_port() -> Iterator[int]:
 # -- trio-worker ----------------------------------------------------------------------------
 
 
+def test_help_names_the_launcher_and_the_local_endpoint() -> None:
+    done = cli("--help")
+    assert done.returncode == 0
+    assert "run a handler file as a worker, with the crash watchdog in front of it" in (
+        " ".join(done.stdout.split())
+    )
+    done = cli("run", "--help")
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: trio-worker run [-h] HANDLER_FILE ...")
+
+
 def test_version() -> None:
     done = cli("--version")
     assert (done.returncode, done.stdout) == (0, f"trio-worker {__version__}\n")
@@ -81,6 +96,36 @@ def test_no_command_is_a_one_line_usage_error() -> None:
 def test_a_missing_file_is_a_one_line_usage_error(tmp_path: Path) -> None:
     done = cli("dev", "nope.py", cwd=tmp_path)
     assert (done.returncode, done.stderr) == (2, "trio-worker: error: nope.py: no such file\n")
+
+
+@pytest.mark.parametrize(
+    ("launcher", "prog"),
+    [
+        (["-m", "trio_worker._cli", "run"], "trio-worker"),
+        (["-m", "trio_worker"], "python -m trio_worker"),
+    ],
+)
+def test_the_launcher_names_a_missing_file_in_one_line(
+    tmp_path: Path, launcher: list[str], prog: str
+) -> None:
+    done = run(*launcher, "nope.py", "--test_input", "{}", cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (2, f"{prog}: error: nope.py: no such file\n")
+    (tmp_path / "a_directory").mkdir()
+    done = run(*launcher, "a_directory", cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (2, f"{prog}: error: a_directory: is a directory\n")
+    done = run(*launcher, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"{prog}: error: the following arguments are required: HANDLER_FILE\n",
+    )
+
+
+def test_the_launcher_passes_every_argument_after_the_file_to_it(tmp_path: Path) -> None:
+    write(tmp_path / "handler.py", "import os, sys\nprint(os.getpid(), sys.argv[1:])\n")
+    args = ["-h", "--port", "1", "run", "--", "x"]
+    done = run("-m", "trio_worker", "handler.py", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 1)[1] == f"{args}\n"
 
 
 def test_a_file_that_never_calls_start_says_so(tmp_path: Path) -> None:

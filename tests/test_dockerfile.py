@@ -1,10 +1,12 @@
 """examples/Dockerfile's build steps, checked as far as a machine without docker allows.
 
 The Dockerfile is parsed; its base image must carry Python 3.11+, every COPY source must
-exist in the build context and survive .dockerignore. The slow test then plays the image
-build in a scratch directory: the COPY steps, the wheel build of the copied SDK (what
-``pip install /tmp/sdk`` builds), the wheel installed on its own path, and the image's
-CMD run with ``--test_input`` against that installed wheel, not this checkout.
+exist in the build context and survive .dockerignore, and its CMD is the launcher on a
+copied file. The slow test then plays the image build in a scratch directory: the COPY
+steps, the wheel build of the copied SDK (what ``pip install /tmp/sdk`` builds), the wheel
+installed into a virtual environment of its own (``tests/installs.py``), and the image's
+CMD, found on that environment's PATH as on the image's, run with ``--test_input``
+against that installed wheel, not this checkout.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.installs import build_wheel, new_venv, pip_install, venv_env
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "examples" / "Dockerfile"
@@ -124,11 +127,16 @@ def test_dockerignore_keeps_the_context_to_what_the_image_needs() -> None:
         assert ignored(heavy), heavy
 
 
-def test_cmd_runs_a_copied_file_in_the_workdir() -> None:
+# The launcher, in either spelling: the crash watchdog starts first (docs/deploy.md).
+LAUNCHERS = (["trio-worker", "run"], ["python3", "-m", "trio_worker"])
+
+
+def test_cmd_runs_a_copied_file_in_the_workdir_through_the_launcher() -> None:
     (workdir,) = instructions("WORKDIR")
     command = cmd()
-    assert command[0] == "python3"
-    script = next(arg for arg in command[1:] if arg.endswith(".py"))
+    launcher = next(each for each in LAUNCHERS if command[: len(each)] == each)
+    script = command[len(launcher)]
+    assert script.endswith(".py")
     destinations = [
         Path(dest) / Path(source).name if dest.endswith("/") else Path(dest)
         for sources, dest in copies()
@@ -157,26 +165,20 @@ def _build_root(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_the_image_builds_and_its_cmd_runs_a_job(tmp_path: Path) -> None:
     image = _build_root(tmp_path)
-    sdk = image / "tmp" / "sdk"
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(
-        [*pip, "wheel", "--no-deps", str(sdk), "-w", str(wheels)], check=True, timeout=BOUND
-    )
-    (wheel,) = wheels.glob("trio_worker-*.whl")
-    # On its own path, without dependencies: trio and httpx come from this environment.
-    subprocess.run(
-        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True, timeout=BOUND
-    )
+    wheel = build_wheel(image / "tmp" / "sdk", tmp_path / "wheels")
+    venv = tmp_path / "venv"
+    python = new_venv(venv)
+    pip_install(python, str(wheel))
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "PYTHON"))}
-    env["PYTHONPATH"] = str(site)
+    env = venv_env(venv, {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")})
     (workdir,) = instructions("WORKDIR")
     app = image / Path(workdir.args).relative_to("/")
-    command = [sys.executable, *cmd()[1:]]
+    command = cmd()
+    program = shutil.which(command[0], path=env["PATH"])  # as the image's PATH finds it
+    assert program is not None and Path(program).is_relative_to(venv), program
     test_input = json.dumps({"input": {"prompt": "from the image"}})
     done = subprocess.run(
-        [*command, "--test_input", test_input],
+        [program, *command[1:], "--test_input", test_input],
         cwd=app,
         env=env,
         capture_output=True,
@@ -186,7 +188,7 @@ def test_the_image_builds_and_its_cmd_runs_a_job(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "hello from the model: from the image" in done.stdout
     where = subprocess.run(
-        [sys.executable, "-c", "import trio_worker; print(trio_worker.__file__)"],
+        [str(python), "-c", "import trio_worker; print(trio_worker.__file__)"],
         cwd=app,
         env=env,
         capture_output=True,
@@ -194,4 +196,4 @@ def test_the_image_builds_and_its_cmd_runs_a_job(tmp_path: Path) -> None:
         check=True,
         timeout=BOUND,
     )
-    assert Path(where.stdout.strip()).is_relative_to(site)  # the wheel, not this checkout
+    assert Path(where.stdout.strip()).is_relative_to(venv)  # the wheel, not this checkout

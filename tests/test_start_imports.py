@@ -51,6 +51,19 @@ def test_importing_leaves_httpx_and_asyncio_out(module: str) -> None:
     assert _python(code) == [module]
 
 
+def test_the_package_alone_imports_no_sdk_until_a_public_name_is_used() -> None:
+    """The launcher (``python -m trio_worker``) and the crash watchdog import the package
+    and stay small: trio and the SDK load at the first public name a worker uses."""
+    code = (
+        "import json, sys, trio_worker\n"
+        "before = [m for m in ('trio', 'trio_worker._start') if m in sys.modules]\n"
+        "trio_worker.start\n"
+        "after = [m for m in ('trio', 'trio_worker._start') if m in sys.modules]\n"
+        "print(json.dumps([before, after, trio_worker.Timings.__module__]))\n"
+    )
+    assert _python(code) == [[], ["trio", "trio_worker._start"], "trio_worker"]
+
+
 def test_a_proxy_still_gets_the_httpx_client() -> None:
     code = (
         "import json, sys\n"

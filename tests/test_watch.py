@@ -4,12 +4,18 @@ declines to fork (docs/design.md §13)."""
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import resource
 import select
 import signal
+import subprocess
+import sys
 import threading
+import time
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,10 +24,12 @@ from hypothesis import strategies as st
 from trio_worker._capture import OutputCapture, Redactor
 from trio_worker._capture._feed import open_tee
 from trio_worker._categories import classify_crash
-from trio_worker._watch import ENV_VAR, unwatched_reason
+from trio_worker._watch import ENV_VAR, say_unwatched, unwatched_reason
+from trio_worker._watch import _fork_rules as fork_rules
 from trio_worker._watch import _records as records
 from trio_worker._watch._records import Ledger, RecordWriter
 from trio_worker._watch._report import describe_exit
+from trio_worker._watch._watchdog import may_restore_priority
 
 
 def _drain(fd: int, ledger: Ledger) -> None:
@@ -199,7 +207,7 @@ def test_declines_when_opted_out_by_the_environment() -> None:
     assert unwatched_reason({ENV_VAR: "0"}) == f"{ENV_VAR}=0"
 
 
-def test_declines_with_threads_running_and_says_what_to_move() -> None:
+def test_declines_with_python_threads_running_and_says_what_to_do() -> None:
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()
@@ -208,14 +216,34 @@ def test_declines_with_threads_running_and_says_what_to_move() -> None:
     finally:
         stop.set()
         thread.join()
-    assert reason is not None and "thread(s) already running before start()" in reason
-    assert "initializer" in reason
+    assert reason is not None and "Python thread(s) already running before start()" in reason
+    assert "initializer" in reason and "trio-worker run" in reason
+
+
+def test_declines_with_a_child_process_even_one_that_exited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fork_rules, "python_threads", lambda: 0)
+    before = fork_rules.child_processes()
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        # Exited, not yet waited for: after a fork its Popen.poll() would still lie.
+        assert fork_rules.child_processes() == before + 1
+        reason = unwatched_reason({})
+        assert reason is not None and "child process(es) started before start()" in reason
+        assert "trio-worker run" in reason
+    finally:
+        child.wait()
+    assert fork_rules.child_processes() == before
 
 
 def test_declines_when_torch_cuda_is_initialized(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trio_worker._watch as watch
-
-    monkeypatch.setattr(watch, "_thread_count", lambda: 1)
+    monkeypatch.setattr(fork_rules, "python_threads", lambda: 0)
+    monkeypatch.setattr(fork_rules, "child_processes", lambda: 0)
     cuda = types.SimpleNamespace(is_initialized=lambda: True)
     monkeypatch.setitem(__import__("sys").modules, "torch", types.SimpleNamespace(cuda=cuda))
     reason = unwatched_reason({})
@@ -244,3 +272,48 @@ def test_a_fed_capture_sees_what_the_tee_forwarded_and_the_tee_keeps_the_tail() 
     finally:
         capture.stop()
         os.close(devnull)
+
+
+def _status(effective: int, bounding: int, ambient: int) -> str:
+    return f"CapEff:\t{effective:016x}\nCapBnd:\t{bounding:016x}\nCapAmb:\t{ambient:016x}\n"
+
+
+# /proc/self/status as Docker's default leaves it for root (no CAP_SYS_NICE, bit 23), as a
+# privileged container or a host's root has it, and with the capability ambient.
+DOCKER = 0xA80425FB
+WITHOUT_SYS_NICE = _status(DOCKER, DOCKER, 0)
+WITH_SYS_NICE = _status(0x1FFFFFFFFFF, 0x1FFFFFFFFFF, 0)
+AMBIENT_SYS_NICE = _status(1 << 23, 0x1FFFFFFFFFF, 1 << 23)
+
+
+@pytest.mark.parametrize(
+    ("original", "status", "nice_limit", "euid", "may"),
+    [
+        (0, WITHOUT_SYS_NICE, 0, 0, False),  # Docker's default: it would stay at +10
+        (0, WITH_SYS_NICE, 0, 0, True),
+        (0, WITH_SYS_NICE, 0, 1000, False),  # not root: lost at the exec without ambient
+        (0, AMBIENT_SYS_NICE, 0, 1000, True),
+        (0, WITHOUT_SYS_NICE, 20, 1000, True),  # RLIMIT_NICE 20: down to nice 0 allowed
+        (-5, WITHOUT_SYS_NICE, 20, 1000, False),  # but not to -5
+        (5, WITHOUT_SYS_NICE, 15, 1000, True),
+        (0, WITHOUT_SYS_NICE, resource.RLIM_INFINITY, 1000, True),
+        (0, "", 0, 0, False),  # no /proc/self/status lines to read
+    ],
+)
+def test_the_watchdog_lowers_its_priority_only_where_it_may_raise_it_back(
+    original: int, status: str, nice_limit: int, euid: int, may: bool
+) -> None:
+    assert may_restore_priority(original, status, nice_limit, euid) is may
+
+
+def test_the_unwatched_line_bypasses_the_loggers_level(
+    worker_log: list[logging.LogRecord],
+) -> None:
+    logging.getLogger("trio_worker").setLevel(logging.ERROR)  # RUNPOD_LOG_LEVEL=ERROR
+    logging.getLogger("trio_worker").warning("hidden at ERROR")
+    say_unwatched("TRIO_WORKER_CRASH_WATCH=0")
+    say_unwatched("start(crash_watch=False)", logging.INFO)
+    assert [(r.levelname, r.getMessage()) for r in worker_log] == [
+        ("WARNING", "crash watch off: TRIO_WORKER_CRASH_WATCH=0"),
+        ("INFO", "crash watch off: start(crash_watch=False)"),
+    ]

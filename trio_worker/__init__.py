@@ -26,27 +26,31 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 
 from __future__ import annotations
 
-from ._backends import run_asyncio_host as run_asyncio_host
-from ._config import Timings as Timings
-from ._exceptions import AsyncioUnderTrio as AsyncioUnderTrio
-from ._exceptions import ConfigurationError as ConfigurationError
-from ._exceptions import InitFailure as InitFailure
-from ._exceptions import InitializationError as InitializationError
-from ._exceptions import InitTimeout as InitTimeout
-from ._exceptions import MalformedJob as MalformedJob
-from ._exceptions import PlatformError as PlatformError
-from ._exceptions import RateLimited as RateLimited
-from ._exceptions import TransportError as TransportError
-from ._exceptions import TrioUnderAsyncio as TrioUnderAsyncio
-from ._exceptions import TrioWorkerError as TrioWorkerError
-from ._exceptions import WorkerInternalError as WorkerInternalError
-from ._fitness import register_fitness_check as register_fitness_check
-from ._handlers import check_cancelled as check_cancelled
-from ._start import start as start
+import typing
+
 from ._version import __version__ as __version__
-from ._worker import WorkerHandle as WorkerHandle
-from ._worker import progress_update as progress_update
-from ._worker import serve as serve
+
+if typing.TYPE_CHECKING:
+    from ._backends import run_asyncio_host as run_asyncio_host
+    from ._config import Timings as Timings
+    from ._exceptions import AsyncioUnderTrio as AsyncioUnderTrio
+    from ._exceptions import ConfigurationError as ConfigurationError
+    from ._exceptions import InitFailure as InitFailure
+    from ._exceptions import InitializationError as InitializationError
+    from ._exceptions import InitTimeout as InitTimeout
+    from ._exceptions import MalformedJob as MalformedJob
+    from ._exceptions import PlatformError as PlatformError
+    from ._exceptions import RateLimited as RateLimited
+    from ._exceptions import TransportError as TransportError
+    from ._exceptions import TrioUnderAsyncio as TrioUnderAsyncio
+    from ._exceptions import TrioWorkerError as TrioWorkerError
+    from ._exceptions import WorkerInternalError as WorkerInternalError
+    from ._fitness import register_fitness_check as register_fitness_check
+    from ._handlers import check_cancelled as check_cancelled
+    from ._start import start as start
+    from ._worker import WorkerHandle as WorkerHandle
+    from ._worker import progress_update as progress_update
+    from ._worker import serve as serve
 
 __all__ = [
     "AsyncioUnderTrio",
@@ -72,17 +76,56 @@ __all__ = [
     "start",
 ]
 
+# Where each public name is defined. They are imported on first use (PEP 562), not by
+# ``import trio_worker``: the launcher (``python -m trio_worker``, ``trio-worker run``) and
+# the crash watchdog import the package without trio or the rest of the SDK, which a
+# worker's first ``trio_worker.start`` loads anyway (docs/design.md §13.1).
+_DEFINED_IN = {
+    "run_asyncio_host": "._backends",
+    "Timings": "._config",
+    "AsyncioUnderTrio": "._exceptions",
+    "ConfigurationError": "._exceptions",
+    "InitFailure": "._exceptions",
+    "InitializationError": "._exceptions",
+    "InitTimeout": "._exceptions",
+    "MalformedJob": "._exceptions",
+    "PlatformError": "._exceptions",
+    "RateLimited": "._exceptions",
+    "TransportError": "._exceptions",
+    "TrioUnderAsyncio": "._exceptions",
+    "TrioWorkerError": "._exceptions",
+    "WorkerInternalError": "._exceptions",
+    "register_fitness_check": "._fitness",
+    "check_cancelled": "._handlers",
+    "start": "._start",
+    "WorkerHandle": "._worker",
+    "progress_update": "._worker",
+    "serve": "._worker",
+}
 
-def _fixup_module_metadata() -> None:
-    # Public names report the public module, as trio and httpx do.
-    for name in __all__:
-        obj = globals()[name]
+if not typing.TYPE_CHECKING:  # type checkers see the imports above, and no catch-all attribute
+
+    def __getattr__(name: str) -> object:
+        if name not in _DEFINED_IN:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        _load_public_names()
+        return globals()[name]
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
+
+
+def _load_public_names() -> None:
+    from importlib import import_module
+
+    found = {
+        name: getattr(import_module(where, __name__), name) for name, where in _DEFINED_IN.items()
+    }
+    for obj in found.values():
+        # Public names report the public module, as trio and httpx do.
         if getattr(obj, "__module__", "").startswith("trio_worker._"):
             try:
                 obj.__module__ = "trio_worker"
             except (AttributeError, TypeError):
                 pass
-
-
-_fixup_module_metadata()
-del _fixup_module_metadata
+    globals().update(found)

@@ -1,10 +1,13 @@
-"""The ``trio-worker`` command: ``trio-worker dev handler.py`` runs the local endpoint.
+"""The ``trio-worker`` command: ``run`` (and ``python -m trio_worker``) and ``dev``.
 
-The handler file is run the way ``python handler.py --rp_serve_api`` runs it: as
-``__main__``, with its own directory first on ``sys.path`` (so modules beside it import),
-and with ``--rp_serve_api`` added to its arguments, so its own ``trio_worker.start(...)``
-call picks the local endpoint mode. ``start()`` never returns; a file that runs to its end
-never called it.
+``trio-worker run handler.py [args]`` is the launcher (``_watch/_launch.py``,
+docs/design.md §13.1): the crash watchdog starts first and runs the file as its child.
+
+``trio-worker dev handler.py`` runs the local endpoint. The handler file is run the way
+``python handler.py --rp_serve_api`` runs it: as ``__main__``, with its own directory
+first on ``sys.path`` (so modules beside it import), and with ``--rp_serve_api`` added to
+its arguments, so its own ``trio_worker.start(...)`` call picks the local endpoint mode.
+``start()`` never returns; a file that runs to its end never called it.
 
 Mistakes on the command line are one line on stderr and exit status 2, as argparse's own.
 """
@@ -17,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ._config import DEFAULT_API_HOST, DEFAULT_API_PORT
+from ._flags import DEFAULT_API_HOST, DEFAULT_API_PORT
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -43,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run a handler file as a worker, with the crash watchdog in front of it",
+        description=RUN_DESCRIPTION,
+    )
+    _add_run_arguments(run)
     dev = commands.add_parser(
         "dev",
         help="serve the endpoint API locally with a real worker",
@@ -67,17 +76,52 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+RUN_DESCRIPTION = (
+    "Run HANDLER_FILE as `python HANDLER_FILE ARGS` would, as the child of the crash"
+    " watchdog, which starts first: if the worker process dies (a segfault, the OOM"
+    " killer), every job it held is reported failed with WorkerCrashed. Signals are"
+    " forwarded, the output passed through, the worker's exit status is this command's."
+    " Safe as PID 1 of a container. Without RUNPOD_WEBHOOK_GET_JOB, with --test_input or"
+    " --rp_serve_api, or with TRIO_WORKER_CRASH_WATCH=0, the file runs in its place."
+)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "handler_file",
+        metavar="HANDLER_FILE",
+        help="the Python file that calls trio_worker.start()",
+    )
+    rest = parser.add_argument(
+        "args", nargs=argparse.REMAINDER, metavar="ARGS", help="passed to the file as they are"
+    )
+    rest.required = False  # argparse makes a REMAINDER required, and would name it missing
+
+
+def launch_main(argv: Sequence[str] | None = None, prog: str = "python -m trio_worker") -> int:
+    """``python -m trio_worker HANDLER_FILE [ARGS]``: ``trio-worker run`` by another name."""
+    parser = _Parser(prog=prog, description=RUN_DESCRIPTION)
+    _add_run_arguments(parser)
+    try:
+        args = parser.parse_args(argv)
+        _check_file(args.handler_file)
+    except _UsageError as exc:
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return USAGE_ERROR
+    return _launch(prog, args.handler_file, args.args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; its exit status (a file that calls ``start()`` exits through it)."""
     try:
         args, rest = _parser().parse_known_args(argv)
-        path = Path(args.handler_file)
-        if not path.is_file():
-            why = "is a directory" if path.is_dir() else "no such file"
-            raise _UsageError(f"{args.handler_file}: {why}")
+        _check_file(args.handler_file)
     except _UsageError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
         return USAGE_ERROR
+    if args.command == "run":
+        return _launch(PROG, args.handler_file, [*args.args, *rest])
+    path = Path(args.handler_file)
     sys.argv = [
         args.handler_file,
         "--rp_serve_api",
@@ -95,6 +139,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{PROG}: error: {args.handler_file} ran to its end without calling trio_worker.start()\n"
     )
     return USAGE_ERROR
+
+
+def _check_file(handler_file: str) -> None:
+    path = Path(handler_file)
+    if not path.is_file():
+        why = "is a directory" if path.is_dir() else "no such file"
+        raise _UsageError(f"{handler_file}: {why}")
+
+
+def _launch(prog: str, handler_file: str, args: list[str]) -> int:
+    from ._watch._launch import launch
+
+    try:
+        launch(handler_file, args)
+    except OSError as exc:
+        sys.stderr.write(f"{prog}: error: cannot start {sys.executable}: {exc}\n")
+        return 1
 
 
 if __name__ == "__main__":

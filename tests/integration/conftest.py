@@ -29,7 +29,8 @@ class Platform:
     def env(self, **overrides: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
         env.update(self.fake.worker_env(self.url, ping_interval_ms=self.ping_interval_ms))
-        env["PYTHONPATH"] = str(REPO)
+        # No PYTHONPATH: the worker imports the package as installed, as a user's does.
+        env.pop("PYTHONPATH", None)
         env.update(overrides)
         return env
 

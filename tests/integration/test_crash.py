@@ -236,8 +236,9 @@ async def test_with_a_thread_running_before_start_it_runs_unwatched_and_says_why
         await platform.fake.wait_for_status(job_id, "COMPLETED")
     assert await worker.stop() == 0, worker.output
     assert (
-        "crash watch off: 1 thread(s) already running before start() (forking them is "
-        "unsafe); start them in the initializer" in worker.output
+        "crash watch off: 1 Python thread(s) already running before start() (a lock one of "
+        "them holds would stay held in a forked worker); start them in the initializer, or "
+        f"run the file with `trio-worker run {crash_app}`" in worker.output
     )
 
 

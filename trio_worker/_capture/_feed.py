@@ -32,12 +32,12 @@ import sys
 import termios
 from typing import TYPE_CHECKING, Any
 
-from ._pipes import grow_pipe, map_page, shared_page, wait_writable
+from ._pipes import close_all, grow_pipe, map_page, shared_page, wait_writable
 
 if TYPE_CHECKING:
     import mmap
 
-__all__ = ["Feed", "Tee", "open_tee"]
+__all__ = ["Feed", "Tee", "discard_tee", "open_tee"]
 
 _READ_SIZE = 1 << 16
 _SEQ = struct.Struct("Q")
@@ -101,6 +101,10 @@ class Tee:
         seq = (spec["seq"], map_page(spec["seq"]))
         return cls((reads[0], reads[1]), (-1, -1), (copies[0], copies[1]), seq, tail_bytes)
 
+    def worker_ends(self) -> tuple[int, int]:
+        """The write ends the worker takes as its fds 1 and 2."""
+        return self._writes
+
     def close_child_ends(self) -> None:
         """The child holds fds 1/2's write ends now; keeping ours would hide its EOF."""
         for fd in self._writes:
@@ -134,6 +138,11 @@ class Tee:
 
     def tail(self) -> str:
         return bytes(self._tail).decode(errors="replace")
+
+    def drop_tail(self) -> None:
+        """Keep no output from now on (the worker runs with ``capture_logs="off"``)."""
+        self._tail_bytes = 0
+        self._tail.clear()
 
     def _bump(self) -> None:
         self._count += 1
@@ -200,6 +209,12 @@ def close_feed_ends(feed: Feed) -> None:
     """In the parent, right after fork: the child reads the copies."""
     for fd in feed.copies:
         os.close(fd)
+
+
+def discard_tee(tee: Tee, feed: Feed) -> None:
+    """Close both ends of every pipe and the shared page: no worker will use them."""
+    close_all([*tee.reads, *tee._writes, *tee.copies, *feed.copies, tee.seq_fd])
+    tee._seq.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -3,10 +3,16 @@
 See docs/design.md §13 and docs/how-it-works.md ("Two processes").
 
 * ``_records``: the take and settle records the worker writes, and the watchdog's ledger
-  of them. Imported by the lifecycle on every take, so it is tiny and imports nothing.
-* ``_watchdog``: the fork at ``start()``, and the exec of the watchdog in the parent.
-* ``_main``: the watchdog's program: signals, output, records, the worker's exit.
-* ``_report``: the cause of a crash, its category, the job-done bodies and their delivery.
+  of them. Imported by the lifecycle on every take, so it is tiny and imports nothing;
+  ``_finals``: the terminal bodies in flight, kept in memory the watchdog reads.
+* ``_watchdog``: the fork at ``start()``, and the exec of the watchdog both forms end in.
+* ``_fork_rules``: when forking at ``start()`` is not safe.
+* ``_launch``: the launcher (``trio-worker run``): the watchdog first, the handler file
+  its child; ``_launched``: that child's side, found and adopted at ``start()``.
+* ``_main``: the watchdog's program: signals, output, records, the worker's exit;
+  ``_imports``: where it imports the reporting code from.
+* ``_report``: the cause of a crash, its category, the job-done bodies and their delivery;
+  ``_oom``: the cgroup's OOM kill count.
 
 :func:`watch_crashes` is the one call ``start()`` makes.
 """
@@ -15,88 +21,77 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import _records as records
+from ._fork_rules import refusal_reason
 
 if TYPE_CHECKING:
-    from .._config import Settings
-    from ._watchdog import Watched
+    from collections.abc import Mapping
 
-__all__ = ["ENV_VAR", "records", "unwatched_reason", "watch_crashes"]
+    from .._config import Settings
+    from ._launched import Watched
+
+__all__ = ["ENV_VAR", "opted_out", "records", "say_unwatched", "unwatched_reason", "watch_crashes"]
 
 log = logging.getLogger("trio_worker")
 
 ENV_VAR = "TRIO_WORKER_CRASH_WATCH"
 _OFF = frozenset({"0", "false", "no", "off"})
-# A GPU runtime loaded in this process: forking it would leave the child a driver state it
-# cannot use (CUDA is not fork-safe), and the watchdog would hold GPU memory.
-_GPU_LIBRARIES = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so", "libze_loader.so")
 
 
 def watch_crashes(settings: Settings, *, crash_watch: bool, tee_output: bool) -> Watched | None:
-    """Fork the worker under a crash watchdog, or say in one line why not (None).
+    """Run the worker watched, or say in one line why not (None: no watchdog at all).
 
-    Returns in the worker process (`Watched`: the feed its output capture reads when
+    Launched (``trio-worker run``): adopts the watchdog's pipes. Otherwise forks, and
+    returns in the worker process (`Watched`: the feed its output capture reads when
     *tee_output*, and its forwarded signals); the watchdog process never returns from here.
     """
+    from ._launched import adopt_launch, find_launch
+
+    launch = find_launch()
+    log_level = log.getEffectiveLevel()
+    if launch is not None:
+        # The output still passes through the watchdog; only the records say what to report.
+        off = None if crash_watch else "start(crash_watch=False)"
+        off = off or opted_out(os.environ)  # set by the file itself, after the launcher read it
+        watched = adopt_launch(
+            launch, settings, crash_watch=off is None, tee_output=tee_output, log_level=log_level
+        )
+        if off is not None:
+            say_unwatched(off, logging.INFO if not crash_watch else logging.WARNING)
+        return watched
     if not crash_watch:
-        log.info("crash watch off: start(crash_watch=False)")
+        say_unwatched("start(crash_watch=False)", logging.INFO)
         return None
     reason = unwatched_reason(os.environ)
     if reason is not None:
-        log.warning("crash watch off: %s", reason)
+        say_unwatched(reason)
         return None
-    from ._watchdog import fork_worker
+    from ._watchdog import ForkRefused, fork_worker
 
-    return fork_worker(settings, tee_output=tee_output, log_level=log.getEffectiveLevel())
+    try:
+        return fork_worker(settings, tee_output=tee_output, log_level=log_level)
+    except ForkRefused as refused:
+        say_unwatched(str(refused))
+        return None
 
 
-def unwatched_reason(environ: dict[str, str] | os._Environ[str]) -> str | None:
-    """Why this process cannot fork a watched worker safely; None when it can."""
+def opted_out(environ: Mapping[str, str]) -> str | None:
+    """``TRIO_WORKER_CRASH_WATCH=0`` (or false, no, off), as the line saying so names it."""
     if environ.get(ENV_VAR, "").strip().lower() in _OFF:
         return f"{ENV_VAR}={environ[ENV_VAR]}"
-    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
-        return "the crash watchdog needs fork() on Linux"
-    threads = _thread_count()
-    if threads > 1:
-        return (
-            f"{threads - 1} thread(s) already running before start() (forking them is unsafe); "
-            "start them in the initializer so a worker that dies still reports its jobs"
-        )
-    gpu = _gpu_runtime()
-    if gpu is not None:
-        return (
-            f"a GPU runtime is already initialized before start() ({gpu}); load the model "
-            "in the initializer so a worker that dies still reports its jobs"
-        )
     return None
 
 
-def _thread_count() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))  # native threads too, not only Python's
-    except OSError:
-        import threading
-
-        return threading.active_count()
+def unwatched_reason(environ: Mapping[str, str]) -> str | None:
+    """Why this process cannot fork a watched worker safely; None when it can."""
+    return opted_out(environ) or refusal_reason(environ)
 
 
-def _gpu_runtime() -> str | None:
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    try:
-        if cuda is not None and cuda.is_initialized():
-            return "torch.cuda is initialized"
-    except Exception:  # a half-imported or stubbed torch: judge by the mapped libraries
-        pass
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for library in _GPU_LIBRARIES:
-        if library in maps:
-            return f"{library} is loaded"
-    return None
+def say_unwatched(reason: str, level: int = logging.WARNING) -> None:
+    """The one line saying the worker runs unwatched: shown at any ``RUNPOD_LOG_LEVEL``
+    (the logger's level is bypassed, its handlers and format kept), since a crash would
+    then lose the jobs the worker holds."""
+    record = log.makeRecord(log.name, level, __file__, 0, "crash watch off: %s", (reason,), None)
+    log.handle(record)

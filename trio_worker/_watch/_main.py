@@ -1,9 +1,10 @@
-"""The crash watchdog's program: what PID 1 runs once the worker is forked (docs/design.md §13).
+"""The crash watchdog's program: what PID 1 runs once the worker is started (docs/design.md §13).
 
 Started by ``_watchdog`` through ``execv`` (see ``BOOTSTRAP`` there), with the pipes and
-shared pages as inherited fds and the rest in one JSON *spec*. While the worker lives it
-does three things, and imports little (its resident memory is the overhead the worker
-pays; see docs/design.md §13 for the figures):
+shared pages as inherited fds and the rest in one marshalled *spec*; ``spec["child"]`` is
+the worker, forked at ``start()`` or spawned by the launcher (``_launch``). While the
+worker lives it does four things, and imports little (its resident memory is the
+overhead the worker pays; see docs/design.md §13 for the figures):
 
 * forwards SIGTERM and SIGINT to the worker, through a pipe of their own so that the
   worker can tell a forwarded signal from one it got directly (one signal delivered to
@@ -12,7 +13,9 @@ pays; see docs/design.md §13 for the figures):
 * passes the worker's fds 1/2 through (``Tee``), waking only when there is output;
 * reads the take and settle records, and the cgroup's OOM kill count, every
   ``RECORD_POLL`` seconds, not per record, so a job costs it no wake-up: the record pipe
-  holds minutes of records.
+  holds minutes of records;
+* reaps every child that exits, the worker's orphans included: as PID 1 it is their
+  parent, and a zombie nobody waits for stays in the process table (as tini does).
 
 When the worker is gone it reads what is left. Any exit that leaves jobs held is a death,
 whatever its status (a native ``_exit(0)`` included): the watchdog imports the SDK
@@ -33,6 +36,8 @@ from typing import Any, NoReturn
 
 from .._capture._feed import Tee
 from . import _records
+from ._imports import load_package
+from ._launched import read_options
 from ._oom import oom_kills
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
@@ -70,12 +75,18 @@ def leave(code: int) -> NoReturn:
 
 def unstub() -> None:
     """Replace the bare package namespaces of ``BOOTSTRAP`` with the real packages (the
-    modules already loaded stay), so the reporting code imports as anywhere else."""
+    modules already loaded stay), loaded from where the worker loaded them
+    (``_imports``), so the reporting code imports as anywhere else."""
+    package = sys.modules.get("trio_worker")
+    if package is None or hasattr(package, "__file__"):  # watching without the exec
+        import trio_worker  # noqa: F401
+
+        return
     for name in ("trio_worker._watch", "trio_worker._capture", "trio_worker"):
         module = sys.modules.get(name)
         if module is not None and not hasattr(module, "__file__"):
             del sys.modules[name]
-    import trio_worker  # noqa: F401
+    load_package(package.__path__[0])
 
 
 def _say(line: str) -> None:
@@ -122,8 +133,8 @@ class _Watchdog:
         selector.register(wake_read, selectors.EVENT_READ, "wake")
         next_poll = 0.0
         while True:
-            waited, status = os.waitpid(self.child, os.WNOHANG)
-            if waited:
+            status = self._reap()
+            if status is not None:
                 break
             for key, _ in selector.select(RECORD_POLL):
                 if key.data == "out" and self.tee is not None:
@@ -147,7 +158,24 @@ class _Watchdog:
         if self.tee is not None:
             self.tee.drain()
         self._read_records()
+        self._take_worker_options()
         return os.waitstatus_to_exitcode(status)
+
+    def _reap(self) -> int | None:
+        """Wait for every child that has exited; the worker's wait status once it has."""
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                return None
+            if pid == self.child:
+                return status
+
+    def _take_worker_options(self) -> None:
+        # Launched, the options only start() knew come now (the fork form had them).
+        if "options" in self.spec:
+            self.spec.update(read_options(self.spec["options"]))
+            if self.spec["capture_logs"] != "on" and self.tee is not None:
+                self.tee.drop_tail()
 
     def _forward(self, signum: int, frame: object) -> None:
         sent = _DRAIN.get(signal.Signals(signum), signal.SIGTERM)

@@ -1,0 +1,142 @@
+"""When ``python handler.py`` may fork its worker at ``start()`` (docs/design.md §13.1).
+
+Forking copies one thread and leaves the process's children with the parent, so the fork
+is refused, and the worker runs unwatched with one line saying why and naming the
+launcher (``trio-worker run``, which forks nothing after user code), when:
+
+* a **Python thread** besides the main one is running: it runs the user's code and may
+  hold a lock (a queue's, a library's) that would stay held for ever in the worker;
+* a **child process** exists (``subprocess.Popen`` of a server before ``start()``): after
+  the fork it is the watchdog's child, so the worker's ``Popen.poll()`` would say it exited;
+* a **GPU runtime** is initialized: CUDA is not fork-safe, and the watchdog would hold
+  device memory;
+* a **native thread survives the fork** (checked right after it, in the parent, before the
+  watchdog starts: the child is then told to exit). Native pools that handle fork stop
+  their threads in a ``pthread_atfork`` handler and start them again when next used
+  (OpenBLAS, which ``import numpy`` or ``import torch`` starts): those are fine. A thread
+  still running after the fork belongs to a library that did not stop it, and whether the
+  child can use that library cannot be seen from outside: GNU OpenMP's pool, once torch
+  ran a parallel operation, would hang the worker in its first parallel region. The fork
+  is not risked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["native_threads_left", "refusal_reason"]
+
+# A GPU runtime loaded in this process: forking it would leave the child a driver state it
+# cannot use (CUDA is not fork-safe), and the watchdog would hold GPU memory.
+_GPU_LIBRARIES = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so", "libze_loader.so")
+
+
+def launcher_hint() -> str:
+    """How to run this file so that nothing forks: the launcher, with the file's name."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c") else "handler.py"
+    return f"run the file with `trio-worker run {script}`, which starts the watchdog first"
+
+
+def refusal_reason(environ: Mapping[str, str]) -> str | None:
+    """Why this process must not fork its worker now (before the fork); None when it may."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return "the crash watchdog needs fork() on Linux; " + launcher_hint()
+    threads = python_threads()
+    if threads:
+        return (
+            f"{threads} Python thread(s) already running before start() (a lock one of them "
+            "holds would stay held in a forked worker); start them in the initializer, or "
+            + launcher_hint()
+        )
+    children = child_processes()
+    if children:
+        return (
+            f"{children} child process(es) started before start() would be the watchdog's "
+            "after a fork, and their Popen.poll() would say they exited; " + launcher_hint()
+        )
+    gpu = gpu_runtime()
+    if gpu is not None:
+        return (
+            f"a GPU runtime is already initialized before start() ({gpu}); load the model "
+            "in the initializer so a worker that dies still reports its jobs"
+        )
+    return None
+
+
+def python_threads() -> int:
+    """Python threads besides the calling one (a native thread that called into Python
+    counts: it runs Python code too)."""
+    return len([t for t in threading.enumerate() if t is not threading.current_thread()])
+
+
+def child_processes() -> int:
+    """This process's children, exited ones not yet waited for included (a zombie is
+    still the child its ``Popen`` polls)."""
+    children: set[str] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            text = Path(f"/proc/self/task/{task}/children").read_text()
+            children.update(text.split())
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: look at every process
+        return _children_by_scan(os.getpid())
+    return len(children)
+
+
+def native_threads_left() -> int:
+    """Threads of this process still alive besides the calling one: right after a fork,
+    in the parent, the native threads no ``pthread_atfork`` handler stopped."""
+    alive = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            stat = Path(f"/proc/self/task/{task}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        # "tid (comm) S ...": the comm may hold spaces and parentheses; the state follows
+        # the last ")". Z and X: exited, only waiting to be released.
+        if stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"]):
+            alive += 1
+    return max(alive - 1, 0)
+
+
+def gpu_runtime() -> str | None:
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return "torch.cuda is initialized"
+    except Exception:  # a half-imported or stubbed torch: judge by the mapped libraries
+        pass
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for library in _GPU_LIBRARIES:
+        if library in maps:
+            return f"{library} is loaded"
+    return None
+
+
+def _children_by_scan(pid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            count += 1
+    return count
