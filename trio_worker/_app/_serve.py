@@ -1,0 +1,315 @@
+"""The load-balancing worker inside a trio run: the server, the load, the phases, the exit.
+
+See docs/load-balancing.md. :class:`AppWorker` binds ``PORT`` (and ``PORT_HEALTH``) and
+serves the :class:`~._gate.Gate` on hypercorn from the first moment, so ``/ping`` answers
+204 while the load runs: the fitness checks, the initializer, then the app's lifespan
+startup, all under ``init_timeout`` and the failure rules of the queue worker's
+initializer (``_initializer.run_initializer``: only the SDK's deadline is a timeout, the
+category and the output tail are recorded). Then:
+
+* the load returned: READY, ``/ping`` 200, until SIGTERM;
+* it failed or timed out: FAILED, logged once (with the output tail, which never leaves
+  the process otherwise), ``/ping`` and the app 503 with the reason for
+  ``Timings.failure_hold`` seconds, then status 1;
+* SIGTERM (:meth:`AppWorker.request_shutdown`): DRAINING at once; requests in flight get
+  ``shutdown_grace`` seconds, those still running are cancelled and answered 503; then
+  the server stops, the app's lifespan shutdown runs, and the status is 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+
+from .._categories import classify
+from .._errors import clip
+from .._exceptions import ConfigurationError
+from .._fitness import FitnessCheckFailed, check_fitness
+from .._handlers import ThreadWaits
+from .._initializer import call_initializer, run_initializer
+from ._gate import Gate
+from ._health import Failure, Health, Phase
+from ._lifespan import AppLifespan
+from ._loops import app_loop
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from hypercorn.config import Config
+
+    from .._capture import OutputCapture
+    from .._config import Settings
+    from .._initializer import Initializer
+    from .._options import WorkerOptions
+    from ._gate import ASGIApp
+    from ._loops import AppLoop
+
+__all__ = ["AppWorker", "Ports", "bind_ports"]
+
+log = logging.getLogger("trio_worker")
+
+DEFAULT_PORT = 80
+#: Where the platform reaches a load-balancing worker: every interface.
+BIND_HOST = "0.0.0.0"
+# Once the requests are over, the server's own close (idle keep-alive connections).
+_SERVER_CLOSE_BOUND = 1.0
+# After the grace, how long cancelled requests get to send their 503.
+_UNWIND_BOUND = 1.0
+# The failure's message as callers see it, through Runpod's proxy.
+_MESSAGE_CHARS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """``PORT`` (the app) and ``PORT_HEALTH`` (``/ping``; ``PORT`` when unset)."""
+
+    app: int = DEFAULT_PORT
+    health: int = DEFAULT_PORT
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], default: int = DEFAULT_PORT) -> Ports:
+        """Read them; 0 picks a free port (tests).
+
+        Raises:
+            ConfigurationError: a value that is not a port number.
+        """
+        app = _port(environ, "PORT", default)
+        return cls(app, _port(environ, "PORT_HEALTH", app))
+
+
+def _port(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = (environ.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise ConfigurationError(f"{name} must be a port number (0-65535), got {raw!r}")
+    return value
+
+
+def bind_ports(ports: Ports, host: str = BIND_HOST) -> list[socket.socket]:
+    """One listening socket per distinct port (the app's first).
+
+    Raises:
+        OSError: a port cannot be bound (in use, or privileged).
+    """
+    wanted = [ports.app] if ports.health == ports.app else [ports.app, ports.health]
+    sockets: list[socket.socket] = []
+    try:
+        for port in wanted:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1024)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def server_config(sockets: list[socket.socket]) -> Config:
+    """hypercorn's configuration for *sockets*, which it takes over."""
+    from hypercorn.config import Config
+
+    config = Config()
+    # fd:// hands hypercorn sockets bound here, so the ports are known (and a bind
+    # error reported) before anything is served.
+    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("trio_worker.server")
+    config.graceful_timeout = _SERVER_CLOSE_BOUND
+    config.include_server_header = False
+    return config
+
+
+class AppWorker:
+    """One load-balancing worker: :meth:`run` it in a nursery, or through ``start_app``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        options: WorkerOptions,
+        settings: Settings,
+        sockets: list[socket.socket],
+        *,
+        capture: OutputCapture | None = None,
+        environ: Mapping[str, str] | None = None,
+        fitness: bool = True,
+        loop: AppLoop | None = None,
+    ) -> None:
+        self.health = Health()
+        self._options = options
+        self._settings = settings
+        self._capture = capture
+        self._environ = environ
+        self._fitness = fitness
+        self._waits = ThreadWaits()
+        self._loop = loop or app_loop(options.backend, self._waits)
+        self.ports = Ports(*(s.getsockname()[1] for s in (sockets[0], sockets[-1])))
+        self._sockets = sockets
+        self._lifespan = AppLifespan(app, self._loop, options.backend, self._waits)
+        self._idle = trio.Event()
+        self.gate = Gate(
+            app,
+            self.health,
+            self._loop,
+            app_port=None if len(sockets) == 1 else self.ports.app,
+            health_port=None if len(sockets) == 1 else self.ports.health,
+            on_idle=lambda: self._idle.set(),
+            state=self._lifespan.state,
+        )
+        self._shutdown = trio.Event()
+        self._load_scope = trio.CancelScope()
+        self._finishing = False
+
+    def request_shutdown(self, reason: str) -> None:
+        """Begin the shutdown, as SIGTERM does (on the trio thread)."""
+        if self._shutdown.is_set():
+            return
+        log.info("%s: shutting down (/ping no longer answers 200)", reason)
+        if self.health.phase in (Phase.LOADING, Phase.READY):
+            self.health.become(Phase.DRAINING)
+        self._shutdown.set()
+        self._load_scope.cancel()
+
+    @property
+    def finishing(self) -> bool:
+        """Whether the app's lifespan shutdown is running (bounded by ``shutdown_grace``):
+        the exit guard's watchdog waits for it rather than cut it."""
+        return self._finishing
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[AppWorker] = trio.TASK_STATUS_IGNORED
+    ) -> int:
+        """Serve until the worker is done; the process's exit status (0 or 1)."""
+        config = server_config(self._sockets)
+        server_stop = self._loop.event()
+        server_done = trio.Event()
+
+        async def serve() -> None:
+            try:
+                await self._loop.serve(self.gate, config, server_stop)
+            finally:
+                server_done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            log.info(
+                "load-balancing worker: the app on port %d, /ping on port %d",
+                self.ports.app,
+                self.ports.health,
+            )
+            task_status.started(self)
+            status = await self._live(nursery)
+            server_stop.set()
+            with trio.move_on_after(_SERVER_CLOSE_BOUND * 2):
+                await server_done.wait()
+            if status == 0:
+                self._finishing = True
+                with trio.move_on_after(self._options.timings.shutdown_grace):
+                    await self._lifespan.shutdown()
+                self._finishing = False
+            nursery.cancel_scope.cancel()
+        return status
+
+    async def _live(self, nursery: trio.Nursery) -> int:
+        with self._load_scope:
+            failure = await self._load(nursery)
+        if self._shutdown.is_set():
+            if self.health.phase is Phase.FAILED:
+                return 1
+            await self._drain()
+            return 0
+        if failure is not None:
+            self.health.fail(failure)
+            with trio.move_on_after(self._options.timings.failure_hold):
+                await self._shutdown.wait()
+            return 1
+        self.health.become(Phase.READY)
+        await self._shutdown.wait()
+        await self._drain()
+        return 0
+
+    async def _load(self, nursery: trio.Nursery) -> Failure | None:
+        started = trio.current_time()
+        if self._fitness:
+            failure = await self._check_fitness()
+            if failure is not None:
+                return failure
+        initializer = self._options.backend.initializer(self._options.initializer, self._waits)
+        load = _loader(initializer, self._lifespan, nursery)
+        capture, chars = self._capture, self._settings.logs_tail_chars
+        init = await run_initializer(
+            load,
+            self._options.init_timeout,
+            lambda: capture.tail(chars) if capture is not None else "",
+        )
+        if init is None:
+            log.info("ready in %.2fs: /ping answers 200", trio.current_time() - started)
+            return None
+        redact = self._settings.redactor.redact
+        message = redact(clip(init.message, _MESSAGE_CHARS))
+        tail = redact(init.logs)
+        log.error(
+            "the model failed to load after %.1fs (%s): %s: %s%s",
+            init.elapsed,
+            init.category,
+            init.error_type,
+            message,
+            f"\n{redact(init.traceback)}" if init.traceback else "",
+        )
+        if tail:
+            log.error("its output before the failure (the tail):\n%s", tail)
+        return Failure(init.category, init.error_type, message)
+
+    async def _check_fitness(self) -> Failure | None:
+        import os
+
+        environ = os.environ if self._environ is None else self._environ
+        try:
+            await check_fitness(self._settings, self._options.backend, environ)
+        except FitnessCheckFailed as failed:  # already logged
+            return Failure(classify(failed, ""), "FitnessCheckFailed", str(failed))
+        return None
+
+    async def _drain(self) -> None:
+        grace = self._options.timings.shutdown_grace
+        with trio.move_on_after(grace):
+            await self._until_idle()
+        cut = self.gate.cancel_in_flight()
+        if cut:
+            log.warning(
+                "%d request(s) still running %.1fs after SIGTERM: cancelled, answered 503",
+                cut,
+                grace,
+            )
+            with trio.move_on_after(_UNWIND_BOUND):
+                await self._until_idle()
+
+    async def _until_idle(self) -> None:
+        while self.gate.in_flight:
+            self._idle = trio.Event()
+            await self._idle.wait()
+
+
+def _loader(
+    initializer: Initializer | None, lifespan: AppLifespan, nursery: trio.Nursery
+) -> Initializer:
+    """The supervised load: the initializer (if any), then the app's lifespan startup."""
+
+    async def load() -> None:
+        if initializer is not None:
+            await call_initializer(initializer)
+        nursery.start_soon(lifespan.run)
+        await lifespan.startup()
+
+    return load
