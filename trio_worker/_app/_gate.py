@@ -12,8 +12,8 @@ hypercorn serves :class:`Gate`, never the user's app directly (docs/load-balanci
 * The server's own lifespan events are answered at once: the worker drives the app's
   lifespan itself (``_lifespan``), so that ``/ping`` can answer 204 while it starts up.
 
-When ``PORT_HEALTH`` differs from ``PORT``, the health port serves ``/ping`` alone and the
-app's port serves the app (its ``/ping`` included), as Runpod routes them.
+When ``PORT_HEALTH`` differs from ``PORT``, the health port serves ``/ping`` alone (the
+app's own consulted as above) and the app's port serves the app, as Runpod routes them.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Gate:
         on_health = self._health_port is None or port == self._health_port
         on_app = self._app_port is None or port == self._app_port
         if kind == "http" and on_health and scope["path"] == "/ping":
-            await self._ping(scope, receive, send, consult_app=on_app)
+            await self._ping(scope, receive, send)
             return
         if not on_app:
             await send_answer(send, _NOT_FOUND)
@@ -125,8 +125,8 @@ class Gate:
             return
         await self._serve(scope, receive, send)
 
-    async def _ping(self, scope: Scope, receive: Receive, send: Send, *, consult_app: bool) -> None:
-        if not (self.health.ready and consult_app):
+    async def _ping(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.health.ready:
             await send_answer(send, self.health.ping())
             return
         ours = False

@@ -31,7 +31,10 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["RETRY_AFTER", "Answer", "Failure", "Health", "IllegalTransition", "Phase"]
 
@@ -109,6 +112,12 @@ class Health:
         self.phase = Phase.LOADING
         self.failure: Failure | None = None
         self._failure_answer: Answer | None = None
+        #: Called with the new phase after every change (tests wait on them).
+        self.observers: list[Callable[[Phase], None]] = []
+
+    def _changed(self) -> None:
+        for observer in self.observers:
+            observer(self.phase)
 
     def become(self, phase: Phase) -> None:
         """Move to *phase*; moving to the phase the worker is in does nothing.
@@ -121,6 +130,7 @@ class Health:
         if phase not in _ALLOWED[self.phase] or phase is Phase.FAILED:
             raise IllegalTransition(f"{self.phase.name} -> {phase.name}")
         self.phase = phase
+        self._changed()
 
     def fail(self, failure: Failure) -> None:
         """The load failed (LOADING -> FAILED); what /ping and the app routes say from now.
@@ -142,6 +152,7 @@ class Health:
             },
             (b"connection", b"close"),
         )
+        self._changed()
 
     @property
     def ready(self) -> bool:

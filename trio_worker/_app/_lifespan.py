@@ -133,7 +133,8 @@ class AppLifespan:
             self._startup_failure = str(message.get("message", ""))
             self._started.set()
         elif kind == "lifespan.shutdown.failed":
-            log.error("the app's lifespan shutdown failed: %s", message.get("message", ""))
+            if self._shutdown_asked.is_set():  # not a cancellation of the whole worker
+                log.error("the app's lifespan shutdown failed: %s", message.get("message", ""))
             self._stopped.set()
         elif kind == "lifespan.shutdown.complete":
             self._stopped.set()

@@ -15,12 +15,14 @@ loops share one thread, so setting an event from the other loop's task is a plai
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Awaitable, Callable
 
     from hypercorn.config import Config
@@ -28,7 +30,25 @@ if TYPE_CHECKING:
     from .._asyncio_host import Holds
     from .._backends import Backend
 
-__all__ = ["AppEvent", "AppLoop", "Cancellable", "app_loop"]
+__all__ = ["SERVER_CLOSE_BOUND", "AppEvent", "AppLoop", "Cancellable", "app_loop", "server_config"]
+
+# Once the requests are over, the server's own close (idle keep-alive connections).
+SERVER_CLOSE_BOUND: Final = 1.0
+
+
+def server_config(sockets: list[socket.socket]) -> Config:
+    """hypercorn's configuration for *sockets*, which it takes over."""
+    from hypercorn.config import Config
+
+    config = Config()
+    # fd:// hands hypercorn sockets bound here, so the ports are known (and a bind
+    # error reported) before anything is served.
+    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("trio_worker.server")
+    config.graceful_timeout = SERVER_CLOSE_BOUND
+    config.include_server_header = False
+    return config
 
 
 class AppEvent(Protocol):
@@ -70,8 +90,9 @@ class AppLoop(ABC):
         """Run *call* in the current (app) task; True if ``handle.cancel()`` ended it."""
 
     @abstractmethod
-    async def serve(self, app: Any, config: Config, shutdown: AppEvent) -> None:
-        """hypercorn serving *app* until *shutdown* is set (awaited from trio)."""
+    async def serve(self, app: Any, sockets: list[socket.socket], shutdown: AppEvent) -> None:
+        """hypercorn serving *app* on *sockets* (it takes them over) until *shutdown* is
+        set; awaited from trio."""
 
 
 class _TrioLoop(AppLoop):
@@ -88,10 +109,11 @@ class _TrioLoop(AppLoop):
             await call()
         return scope.cancelled_caught and handle.cancelled
 
-    async def serve(self, app: Any, config: Config, shutdown: AppEvent) -> None:
+    async def serve(self, app: Any, sockets: list[socket.socket], shutdown: AppEvent) -> None:
         # Imported here: a queue worker never needs the server.
         from hypercorn.trio import serve
 
+        config = server_config(sockets)
         await serve(app, config, shutdown_trigger=shutdown.wait, mode="asgi")
 
 
@@ -124,9 +146,10 @@ class _AsyncioLoop(AppLoop):
             return True
         return False
 
-    async def serve(self, app: Any, config: Config, shutdown: AppEvent) -> None:
+    async def serve(self, app: Any, sockets: list[socket.socket], shutdown: AppEvent) -> None:
         from hypercorn.asyncio import serve
 
+        config = server_config(sockets)
         server = serve(app, config, shutdown_trigger=shutdown.wait, mode="asgi")
         await self._backend.await_result(server, self._waits)
 

@@ -34,12 +34,10 @@ from .._initializer import call_initializer, run_initializer
 from ._gate import Gate
 from ._health import Failure, Health, Phase
 from ._lifespan import AppLifespan
-from ._loops import app_loop
+from ._loops import SERVER_CLOSE_BOUND, app_loop
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    from hypercorn.config import Config
 
     from .._capture import OutputCapture
     from .._config import Settings
@@ -55,8 +53,6 @@ log = logging.getLogger("trio_worker")
 DEFAULT_PORT = 80
 #: Where the platform reaches a load-balancing worker: every interface.
 BIND_HOST = "0.0.0.0"
-# Once the requests are over, the server's own close (idle keep-alive connections).
-_SERVER_CLOSE_BOUND = 1.0
 # After the grace, how long cancelled requests get to send their 503.
 _UNWIND_BOUND = 1.0
 # The failure's message as callers see it, through Runpod's proxy.
@@ -65,10 +61,10 @@ _MESSAGE_CHARS = 1000
 
 @dataclasses.dataclass(frozen=True)
 class Ports:
-    """``PORT`` (the app) and ``PORT_HEALTH`` (``/ping``; ``PORT`` when unset)."""
+    """``PORT`` (the app) and ``PORT_HEALTH`` (``/ping``; None: on ``PORT``)."""
 
     app: int = DEFAULT_PORT
-    health: int = DEFAULT_PORT
+    health: int | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], default: int = DEFAULT_PORT) -> Ports:
@@ -78,7 +74,8 @@ class Ports:
             ConfigurationError: a value that is not a port number.
         """
         app = _port(environ, "PORT", default)
-        return cls(app, _port(environ, "PORT_HEALTH", app))
+        health = _port(environ, "PORT_HEALTH", app)
+        return cls(app, None if health == app else health)
 
 
 def _port(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -100,7 +97,7 @@ def bind_ports(ports: Ports, host: str = BIND_HOST) -> list[socket.socket]:
     Raises:
         OSError: a port cannot be bound (in use, or privileged).
     """
-    wanted = [ports.app] if ports.health == ports.app else [ports.app, ports.health]
+    wanted = [ports.app] if ports.health is None else [ports.app, ports.health]
     sockets: list[socket.socket] = []
     try:
         for port in wanted:
@@ -114,21 +111,6 @@ def bind_ports(ports: Ports, host: str = BIND_HOST) -> list[socket.socket]:
             sock.close()
         raise
     return sockets
-
-
-def server_config(sockets: list[socket.socket]) -> Config:
-    """hypercorn's configuration for *sockets*, which it takes over."""
-    from hypercorn.config import Config
-
-    config = Config()
-    # fd:// hands hypercorn sockets bound here, so the ports are known (and a bind
-    # error reported) before anything is served.
-    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
-    config.accesslog = None
-    config.errorlog = logging.getLogger("trio_worker.server")
-    config.graceful_timeout = _SERVER_CLOSE_BOUND
-    config.include_server_header = False
-    return config
 
 
 class AppWorker:
@@ -154,7 +136,8 @@ class AppWorker:
         self._fitness = fitness
         self._waits = ThreadWaits()
         self._loop = loop or app_loop(options.backend, self._waits)
-        self.ports = Ports(*(s.getsockname()[1] for s in (sockets[0], sockets[-1])))
+        # The ports bound (0 picks one): the app's, and /ping's.
+        self.ports = Ports(sockets[0].getsockname()[1], sockets[-1].getsockname()[1])
         self._sockets = sockets
         self._lifespan = AppLifespan(app, self._loop, options.backend, self._waits)
         self._idle = trio.Event()
@@ -191,13 +174,12 @@ class AppWorker:
         self, *, task_status: trio.TaskStatus[AppWorker] = trio.TASK_STATUS_IGNORED
     ) -> int:
         """Serve until the worker is done; the process's exit status (0 or 1)."""
-        config = server_config(self._sockets)
         server_stop = self._loop.event()
         server_done = trio.Event()
 
         async def serve() -> None:
             try:
-                await self._loop.serve(self.gate, config, server_stop)
+                await self._loop.serve(self.gate, self._sockets, server_stop)
             finally:
                 server_done.set()
 
@@ -211,7 +193,7 @@ class AppWorker:
             task_status.started(self)
             status = await self._live(nursery)
             server_stop.set()
-            with trio.move_on_after(_SERVER_CLOSE_BOUND * 2):
+            with trio.move_on_after(SERVER_CLOSE_BOUND * 2):
                 await server_done.wait()
             if status == 0:
                 self._finishing = True

@@ -134,7 +134,8 @@ def _prepare(
         # status 2, before the watchdog forks.
         return options, bind_ports(ports)
     except OSError as exc:
-        raise UsageError(f"cannot serve on ports {ports.app}/{ports.health}: {exc}") from None
+        where = ports.app if ports.health is None else f"{ports.app} and {ports.health}"
+        raise UsageError(f"cannot serve on port {where}: {exc}") from None
 
 
 def serve_in_process(
