@@ -28,6 +28,7 @@ from .._capture._pipes import map_page
 from . import _records
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
+_LOGGED_TAIL = 16 * 1024  # of a death's output, what its log line carries
 
 
 def main(spec: dict[str, Any]) -> NoReturn:
@@ -54,6 +55,13 @@ def leave(code: int) -> NoReturn:
 def unstub() -> None:
     """Replace the bare package namespaces of ``BOOTSTRAP`` with the real packages (the
     modules already loaded stay), so the reporting code imports as anywhere else."""
+    root = sys.modules.get("trio_worker")
+    if root is not None and not hasattr(root, "__file__"):
+        # Under ``-S`` an editable install's import hook (a .pth file) is not there: the
+        # directory holding the package is what finds it.
+        holder = os.path.dirname(root.__path__[0])
+        if holder not in sys.path:
+            sys.path.append(holder)
     for name in ("trio_worker._watch", "trio_worker._capture", "trio_worker"):
         module = sys.modules.get(name)
         if module is not None and not hasattr(module, "__file__"):
@@ -139,6 +147,8 @@ class _Watchdog:
         trusted = self.ledger.trust(self.state)
         held = list(self.ledger.held)
         if not held and trusted:
+            if code < 0:  # no Python code saw this death: say why, once
+                self._log_death(code)
             return
         unstub()
         import logging
@@ -167,6 +177,36 @@ class _Watchdog:
             os.environ, timings=timings, capture_logs=self.spec["capture_logs"]
         )
         self._report(code, held, settings)
+
+    def _log_death(self, code: int) -> None:
+        """A worker killed by a signal with no job held (a load-balancing worker holds
+        none): the cause, its category and the redacted output tail, in the log."""
+        unstub()
+        import logging
+
+        from .._capture import Redactor
+        from .._categories import classify_crash
+        from .._start import configure_logging
+        from ._report import describe_exit
+
+        configure_logging(self.spec["log_level"], os.environ)
+        output = self.tee.tail() if self.tee is not None else ""
+        oom = code == -signal.SIGKILL and self._oom_killed()
+        category = classify_crash(code, output, oom_killed=oom)
+        tail = Redactor.from_environ(os.environ).redact(output[-_LOGGED_TAIL:])
+        logging.getLogger("trio_worker").error(
+            "the worker process %s (%s)%s",
+            describe_exit(code),
+            category,
+            f"; its last output:\n{tail}" if tail else "",
+        )
+
+    def _oom_killed(self) -> bool:
+        from ._report import kernel_says_oom_killed, oom_kills
+
+        before, after = self.spec["oom_before"], oom_kills()
+        counted = before is not None and after is not None and after > before
+        return counted or kernel_says_oom_killed(self.child)
 
     def _report(self, code: int, held: list[str], settings: Any) -> None:
         import trio
