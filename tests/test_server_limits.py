@@ -15,18 +15,20 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._endpoint import EndpointApp, ServerLimits, serve_asgi
-from trio_worker._endpoint._http_server import (
+from trio_worker._endpoint import EndpointApp
+from trio_worker.testing._h11_server import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
     KEEP_ALIVE_TIMEOUT,
+    ServerLimits,
+    serve_asgi,
     serve_stream,
 )
 
 if TYPE_CHECKING:
     from trio.testing import MockClock
 
-    from trio_worker._endpoint._exchange import Receive, Scope, Send
+    from trio_worker.testing._exchange import Receive, Scope, Send
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -28,7 +28,7 @@ from trio_worker._app._loops import AppLoop, Cancellable
 from trio_worker.testing import AppHandle, serve_app
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, MutableMapping
 
 GRACE = 2.0
 INIT_TIMEOUT = 5.0
@@ -46,7 +46,7 @@ class DirectLoop(AppLoop):
         with trio.CancelScope() as scope:
             handle._cancel = scope.cancel
             await call()
-        return scope.cancelled_caught
+        return bool(scope.cancelled_caught)
 
     async def serve(self, app: Any, sockets: list[socket.socket], shutdown: Any) -> None:
         self.gate = app
@@ -93,7 +93,7 @@ async def _scenario(schedule: dict[str, Any]) -> None:
             raise RuntimeError("the weights are corrupt")
         loaded_at.append(trio.current_time())
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return  # no lifespan
         app_calls.append(trio.current_time())
@@ -179,4 +179,4 @@ async def _scenario(schedule: dict[str, Any]) -> None:
 def _failed_first(schedule: dict[str, Any]) -> bool:
     """Whether the load failed (or timed out) before the SIGTERM arrived."""
     failed = schedule["outcome"] == "fail" or schedule["load_time"] >= INIT_TIMEOUT
-    return failed and min(schedule["load_time"], INIT_TIMEOUT) < schedule["sigterm"]
+    return bool(failed) and min(schedule["load_time"], INIT_TIMEOUT) < schedule["sigterm"]
