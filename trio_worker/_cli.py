@@ -54,7 +54,22 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    dev.add_argument("handler_file", help="the Python file that calls trio_worker.start()")
+    dev.add_argument(
+        "handler_file", nargs="?", help="the Python file that calls trio_worker.start()"
+    )
+    dev.add_argument(
+        "--app",
+        metavar="MODULE:APP",
+        help="serve this ASGI app (a load-balancing worker) as start_app() does, /ping"
+        " included, instead of a handler file; PORT is --port",
+    )
+    dev.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host is NAME (a docker-compose service, a proxy)",
+    )
     dev.add_argument(
         "--host",
         default=DEFAULT_API_HOST,
@@ -71,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; its exit status (a file that calls ``start()`` exits through it)."""
     try:
         args, rest = _parser().parse_known_args(argv)
+        if args.app is not None:
+            return _serve_app(args.app, args.port, rest)
+        if args.handler_file is None:
+            raise _UsageError("give a HANDLER_FILE, or --app MODULE:APP")
         path = Path(args.handler_file)
         if not path.is_file():
             why = "is a directory" if path.is_dir() else "no such file"
@@ -85,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.host,
         "--rp_api_port",
         str(args.port),
+        *(f"--rp_api_allow_host={name}" for name in args.allow_host),
         *rest,
     ]
     # As `python FILE`: the file's own directory (symlinks resolved) is sys.path[0], in
@@ -95,6 +115,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{PROG}: error: {args.handler_file} ran to its end without calling trio_worker.start()\n"
     )
     return USAGE_ERROR
+
+
+def _serve_app(spec: str, port: int, rest: list[str]) -> int:
+    """``--app module:app``: import it from the current directory and serve it."""
+    import importlib
+    import os
+
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise _UsageError(f"--app must be MODULE:APP, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        app = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise _UsageError(f"--app {spec}: {exc}") from None
+    os.environ["PORT"] = str(port)
+    from ._app import start_app
+
+    start_app(app, argv=rest)
 
 
 if __name__ == "__main__":
