@@ -195,6 +195,12 @@ def start(
         if args.serve_api:
             note_local_mode("the local endpoint")
             leave(_serve_api(options, args), None)
+        realtime = _realtime_port()
+        if realtime is not None:
+            # runpod's realtime mode: the handler behind an HTTP route (docs/load-balancing.md).
+            from ._app._realtime import serve_realtime
+
+            leave(serve_realtime(options, realtime), None)
         if args.test_input is not None or not settings.platform.queue_mode:
             note_local_mode("local mode")
             leave(_run_local(options, args), None)
@@ -216,6 +222,12 @@ def start(
     except BaseException as exc:
         leave(_exit_status_for(exc), capture)
     leave(0, capture)
+
+
+def _realtime_port() -> int | None:
+    from ._app._realtime import realtime_port
+
+    return realtime_port(os.environ) if os.environ.get("RUNPOD_REALTIME_PORT") else None
 
 
 def _prog() -> str:
