@@ -34,8 +34,7 @@ from .._watch import watch_crashes
 from ._gate import send_answer
 from ._health import Answer
 from ._loops import app_loop
-from ._serve import Ports, bind_ports
-from ._start import serve_in_process
+from ._serve import Ports, bind_ports, serve_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -28,6 +28,7 @@ import trio
 from .._categories import classify
 from .._errors import clip
 from .._exceptions import ConfigurationError
+from .._exit import ExitGuard
 from .._fitness import FitnessCheckFailed, check_fitness
 from .._handlers import ThreadWaits
 from .._initializer import call_initializer, run_initializer
@@ -295,3 +296,29 @@ def _loader(
         await lifespan.startup()
 
     return load
+
+
+def serve_in_process(
+    app: ASGIApp,
+    options: WorkerOptions,
+    settings: Settings,
+    sockets: list[socket.socket],
+    capture: OutputCapture | None,
+    *,
+    fitness: bool = True,
+    loop: AppLoop | None = None,
+) -> int:
+    """Run an :class:`AppWorker` as this process's event loop, under ``start()``'s signal
+    handling and exit watchdog; its exit status."""
+    guard = ExitGuard(options.timings, capture)
+    guard.install()
+
+    async def main() -> int:
+        worker = AppWorker(
+            app, options, settings, sockets, capture=capture, fitness=fitness, loop=loop
+        )
+        token = trio.lowlevel.current_trio_token()
+        guard.attach(token, worker.request_shutdown, lambda: worker.finishing)
+        return await worker.run()
+
+    return options.backend.run(main)

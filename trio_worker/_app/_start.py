@@ -15,14 +15,12 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-import trio
-
 from .._capture import OutputCapture, install_python_stream_attribution
 from .._config import Settings, log_level_from, parse_cli, reference_flags
-from .._exit import ExitGuard, exit_process
+from .._exit import exit_process
 from .._options import worker_options
 from .._watch import watch_crashes
-from ._serve import AppWorker, Ports, bind_ports
+from ._serve import Ports, bind_ports, serve_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -33,7 +31,6 @@ if TYPE_CHECKING:
     from .._initializer import Initializer
     from .._options import AsyncBackend, WorkerOptions
     from ._gate import ASGIApp
-    from ._loops import AppLoop
 
 log = logging.getLogger("trio_worker")
 
@@ -136,29 +133,3 @@ def _prepare(
     except OSError as exc:
         where = ports.app if ports.health is None else f"{ports.app} and {ports.health}"
         raise UsageError(f"cannot serve on port {where}: {exc}") from None
-
-
-def serve_in_process(
-    app: ASGIApp,
-    options: WorkerOptions,
-    settings: Settings,
-    sockets: list[socket],
-    capture: OutputCapture | None,
-    *,
-    fitness: bool = True,
-    loop: AppLoop | None = None,
-) -> int:
-    """Run an :class:`AppWorker` as this process's event loop, under ``start()``'s signal
-    handling and exit watchdog; its exit status."""
-    guard = ExitGuard(options.timings, capture)
-    guard.install()
-
-    async def main() -> int:
-        worker = AppWorker(
-            app, options, settings, sockets, capture=capture, fitness=fitness, loop=loop
-        )
-        token = trio.lowlevel.current_trio_token()
-        guard.attach(token, worker.request_shutdown, lambda: worker.finishing)
-        return await worker.run()
-
-    return options.backend.run(main)
