@@ -116,24 +116,30 @@ class Bounded:
             self.in_flight -= 1
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on *host*:*port* (0 picks a port).
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address *host* resolves to (``localhost``: IPv4 and IPv6),
+    at *port*; with port 0, the first address only (each would get another port).
 
     Raises:
-        OSError: the address cannot be bound; socket.gaierror: *host* does not resolve.
+        OSError: an address cannot be bound; socket.gaierror: *host* does not resolve.
     """
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    addresses = list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+    sockets: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(1024)
+        for family, address in addresses[:1] if port == 0 else addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(1024)
     except BaseException:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise
-    return sock
+    return sockets
 
 
 async def serve_endpoint(
@@ -153,10 +159,10 @@ async def serve_endpoint(
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
-    sock = bind(host, port)
-    bound: int = sock.getsockname()[1]
+    sockets = bind(host, port)
+    bound: int = sockets[0].getsockname()[1]
     config = Config()
-    config.bind = [f"fd://{sock.detach()}"]
+    config.bind = [f"fd://{sock.detach()}" for sock in sockets]
     config.accesslog = None
     config.errorlog = logging.getLogger("trio_worker.server")
     config.keep_alive_timeout = limits.head_timeout
