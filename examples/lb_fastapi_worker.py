@@ -8,7 +8,8 @@ model loads in the app's lifespan as before, and ``trio_worker.start_app`` owns 
 requests that arrive too early with 503 and ``Retry-After``, bounds the load with
 ``init_timeout``, and drains requests in flight on SIGTERM.
 
-Run it: ``PORT=8000 python examples/lb_fastapi_worker.py``, then
+Run it (``pip install . fastapi`` in a clone, or ``pip install -e '.[test]'``):
+``PORT=8000 python examples/lb_fastapi_worker.py``, then
 ``curl localhost:8000/ping`` and
 ``curl -X POST localhost:8000/generate -H 'content-type: application/json' -d '{"prompt": "hi"}'``.
 """
