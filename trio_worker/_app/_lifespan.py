@@ -59,11 +59,6 @@ class AppLifespan:
         self._startup_complete = False
         self._error: BaseException | None = None
 
-    @property
-    def supported(self) -> bool:
-        """False once the app showed it has no lifespan (it never asked for an event)."""
-        return not (self._ended.is_set() and self._received == 0)
-
     async def run(self) -> None:
         """The app's lifespan call, to its end (a task of the worker's nursery)."""
         scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}}
