@@ -55,26 +55,37 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _answer(sock: socket.socket, buffer: bytearray) -> int:
-    """Read one answer (Content-Length framed, as every server here sends); its status."""
+def _answer(sock: socket.socket, buffer: bytearray) -> tuple[int, bool]:
+    """Read one answer (Content-Length framed, as every server here sends): its status,
+    and whether the server closes the connection after it (hypercorn does so after
+    ``keep_alive_max_requests`` requests on one connection)."""
     while b"\r\n\r\n" not in buffer:
         chunk = sock.recv(65536)
         if not chunk:
             raise ConnectionError("closed")
         buffer += chunk
     head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
-    length = 0
+    length, closing = 0, False
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        name = name.strip().lower()
+        if name == b"content-length":
             length = int(value)
+        elif name == b"connection" and b"close" in value.lower():
+            closing = True
     while len(rest) < length:
         chunk = sock.recv(65536)
         if not chunk:
             raise ConnectionError("closed")
         rest += chunk
     buffer[:] = rest[length:]
-    return int(head.split(b" ", 2)[1])
+    return int(head.split(b" ", 2)[1]), closing
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def _first_200(port: int, bound: float) -> float:
@@ -84,7 +95,7 @@ def _first_200(port: int, bound: float) -> float:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
                 sock.sendall(_PING)
-                if _answer(sock, bytearray()) == 200:
+                if _answer(sock, bytearray())[0] == 200:
                     return time.monotonic()
         except OSError:
             pass
@@ -125,26 +136,31 @@ def _load(port: int, seconds: float) -> dict[str, Any]:
     """Requests/s and latency percentiles of CONNECTIONS connections for *seconds*."""
     latencies: list[list[float]] = [[] for _ in range(CONNECTIONS)]
     errors: list[str] = []
-    begin = threading.Barrier(CONNECTIONS + 1)
+    begin = threading.Barrier(CONNECTIONS + 1, timeout=60)
     stop_at: list[float] = []
 
     def connection(index: int) -> None:
+        sock = _connect(port)
         try:
-            with socket.create_connection(("127.0.0.1", port)) as sock:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                buffer = bytearray()
-                sock.sendall(_REQUEST)  # warm: the first request of a connection
-                _answer(sock, buffer)
-                begin.wait()
-                mine = latencies[index]
-                while time.monotonic() < stop_at[0]:
-                    sent = time.perf_counter()
-                    sock.sendall(_REQUEST)
-                    if _answer(sock, buffer) != 200:
-                        raise RuntimeError("not 200")
-                    mine.append(time.perf_counter() - sent)
+            buffer = bytearray()
+            sock.sendall(_REQUEST)  # warm: the first request of a connection
+            _answer(sock, buffer)
+            begin.wait()
+            mine = latencies[index]
+            while time.monotonic() < stop_at[0]:
+                sent = time.perf_counter()
+                sock.sendall(_REQUEST)
+                status, closing = _answer(sock, buffer)
+                if status != 200:
+                    raise RuntimeError(f"answered {status}")
+                mine.append(time.perf_counter() - sent)
+                if closing:
+                    sock.close()
+                    sock, buffer = _connect(port), bytearray()
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            sock.close()
 
     threads = [threading.Thread(target=connection, args=(i,)) for i in range(CONNECTIONS)]
     for thread in threads:
