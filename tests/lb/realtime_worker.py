@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -18,6 +19,8 @@ def load() -> None:
 def handler(job: dict[str, Any]) -> dict[str, Any]:
     if job["input"].get("fail"):
         raise ValueError("bad prompt")
+    if "exit" in job["input"]:
+        sys.exit(job["input"]["exit"])
     RUNNING["now"] += 1
     seen = RUNNING["now"]
     time.sleep(job["input"].get("hold", 0))

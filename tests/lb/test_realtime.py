@@ -87,3 +87,19 @@ async def test_realtime_concurrency_is_honoured(nursery: trio.Nursery, concurren
         assert max(seen) == concurrency
     finally:
         await kill_all([worker])
+
+
+async def test_a_handler_that_exits_is_answered_then_the_worker_exits_with_its_status(
+    nursery: trio.Nursery,
+) -> None:
+    worker, url = await start(nursery, concurrency=1)
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            answer = await client.post(
+                url + "/ep1/realtime", json={"id": "j1", "input": {"exit": 3}}
+            )
+        assert answer.status_code == 200
+        assert json.loads(answer.json()["error"])["error_type"] == "SystemExit"
+        assert await worker.wait() == 3
+    finally:
+        await kill_all([worker])

@@ -37,10 +37,11 @@ from ._loops import app_loop
 from ._serve import Ports, bind_ports, serve_in_process
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from .._options import WorkerOptions
     from ._gate import Message, Receive, Scope, Send
+    from ._serve import AppWorker
 
 __all__ = ["RealtimeApp", "realtime_port", "serve_realtime"]
 
@@ -88,6 +89,12 @@ class RealtimeApp:
         self._runner = runner
         self._path = None if endpoint_id is None else f"/{endpoint_id}/realtime"
         self._slots = trio.CapacityLimiter(concurrency)
+        self._exit: Callable[..., None] | None = None
+
+    def attach(self, worker: AppWorker) -> None:
+        """A handler's ``sys.exit(n)`` shuts *worker* down, to exit with *n* (as the queue
+        worker does once the job's report is out: here, once its answer is sent)."""
+        self._exit = worker.request_shutdown
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -109,6 +116,9 @@ class RealtimeApp:
         async with self._slots:
             report = await self._runner.run(job)
         await send_answer(send, Answer(200, report.body))
+        if report.exit_status is not None and self._exit is not None:
+            status = report.exit_status
+            self._exit(f"the handler of job {job.id} exited ({status})", status=status)
 
 
 async def _read(receive: Receive) -> bytes | None:
@@ -192,4 +202,4 @@ def serve_realtime(options: WorkerOptions, port: int) -> int:
     # The route runs the queue worker's trio code, so it is served on trio whatever the
     # backend; the handler itself runs where the backend says.
     loop = app_loop(BACKENDS["trio"], waits)
-    return serve_in_process(app, options, settings, sockets, capture, loop=loop)
+    return serve_in_process(app, options, settings, sockets, capture, loop=loop, attach=app.attach)

@@ -38,7 +38,7 @@ from ._lifespan import AppLifespan
 from ._loops import SERVER_CLOSE_BOUND, app_loop
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from .._capture import OutputCapture
     from .._config import Settings
@@ -154,11 +154,14 @@ class AppWorker:
         self._shutdown = trio.Event()
         self._load_scope = trio.CancelScope()
         self._finishing = False
+        self._status = 0
 
-    def request_shutdown(self, reason: str) -> None:
-        """Begin the shutdown, as SIGTERM does (on the trio thread)."""
+    def request_shutdown(self, reason: str, *, status: int = 0) -> None:
+        """Begin the shutdown, as SIGTERM does (on the trio thread); *status*: the exit
+        status once it is over (a handler's ``sys.exit(n)`` in the realtime route)."""
         if self._shutdown.is_set():
             return
+        self._status = status
         log.info("%s: shutting down (/ping no longer answers 200)", reason)
         if self.health.phase in (Phase.LOADING, Phase.READY):
             self.health.become(Phase.DRAINING)
@@ -174,7 +177,8 @@ class AppWorker:
     async def run(
         self, *, task_status: trio.TaskStatus[AppWorker] = trio.TASK_STATUS_IGNORED
     ) -> int:
-        """Serve until the worker is done; the process's exit status (0 or 1)."""
+        """Serve until the worker is done; the process's exit status (0, 1 after a failed
+        load, or the status :meth:`request_shutdown` was given)."""
         server_stop = self._loop.event()
         server_done = trio.Event()
 
@@ -196,7 +200,7 @@ class AppWorker:
             server_stop.set()
             with trio.move_on_after(SERVER_CLOSE_BOUND * 2):
                 await server_done.wait()
-            if status == 0:
+            if self.health.phase is not Phase.FAILED:
                 self._finishing = True
                 with trio.move_on_after(self._options.timings.shutdown_grace):
                     await self._lifespan.shutdown()
@@ -211,7 +215,7 @@ class AppWorker:
             if self.health.phase is Phase.FAILED:
                 return 1
             await self._drain()
-            return 0
+            return self._status
         if failure is not None:
             self.health.fail(failure)
             with trio.move_on_after(self._options.timings.failure_hold):
@@ -220,7 +224,7 @@ class AppWorker:
         self.health.become(Phase.READY)
         await self._shutdown.wait()
         await self._drain()
-        return 0
+        return self._status
 
     async def _load(self, nursery: trio.Nursery) -> Failure | None:
         started = trio.current_time()
@@ -307,9 +311,10 @@ def serve_in_process(
     *,
     fitness: bool = True,
     loop: AppLoop | None = None,
+    attach: Callable[[AppWorker], None] | None = None,
 ) -> int:
     """Run an :class:`AppWorker` as this process's event loop, under ``start()``'s signal
-    handling and exit watchdog; its exit status."""
+    handling and exit watchdog; its exit status. *attach* is handed the worker first."""
     guard = ExitGuard(options.timings, capture)
     guard.install()
 
@@ -317,6 +322,8 @@ def serve_in_process(
         worker = AppWorker(
             app, options, settings, sockets, capture=capture, fitness=fitness, loop=loop
         )
+        if attach is not None:
+            attach(worker)
         token = trio.lowlevel.current_trio_token()
         guard.attach(token, worker.request_shutdown, lambda: worker.finishing)
         return await worker.run()
