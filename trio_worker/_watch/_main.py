@@ -211,14 +211,10 @@ class _Watchdog:
     def _report(self, code: int, held: list[str], settings: Any) -> None:
         import trio
 
-        from ._report import crash_body, kernel_says_oom_killed, oom_kills, report_held
+        from ._report import crash_body, report_held
 
         output = self.tee.tail() if self.tee is not None else ""
-        oom = False
-        if code == -signal.SIGKILL:
-            before, after = self.spec["oom_before"], oom_kills()
-            counted = before is not None and after is not None and after > before
-            oom = counted or kernel_says_oom_killed(self.child)
+        oom = code == -signal.SIGKILL and self._oom_killed()
         bodies = {
             job_id: crash_body(
                 job_id,
