@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from ._gate import ASGIApp
     from ._loops import AppLoop
 
-__all__ = ["AppWorker", "Ports", "bind_ports"]
+__all__ = ["AppWorker", "Ports", "bind_ports", "serve_in_process"]
 
 log = logging.getLogger("trio_worker")
 
@@ -259,8 +260,6 @@ class AppWorker:
         return Failure(init.category, init.error_type, message)
 
     async def _check_fitness(self) -> Failure | None:
-        import os
-
         environ = os.environ if self._environ is None else self._environ
         try:
             await check_fitness(self._settings, self._options.backend, environ)
