@@ -1,6 +1,8 @@
-"""The server's deadlines and connection cap (``ServerLimits``): no peer holds it by dripping.
+"""The fake platform's server: its deadlines and connection cap (``ServerLimits``), so no peer
+holds it by dripping. (The local endpoint runs on hypercorn: its bounds are tested in
+``tests/test_local_endpoint_hypercorn.py``.)
 
-The local endpoint's app served over in-memory streams in virtual time, so a deadline
+The endpoint app served over in-memory streams in virtual time, so a deadline
 is checked to the second and a peer that drips a byte a second costs no wall time. The
 connection cap is checked over real loopback, where every connection shares one server.
 """
