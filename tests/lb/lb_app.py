@@ -2,7 +2,8 @@
 
 ``LB_LOAD`` picks the load: ``ok``, ``fail`` (raises during the lifespan startup),
 ``segv`` (the process dies by SIGSEGV while loading). ``GET /slow`` waits for
-``LB_SLOW_S`` seconds, ``GET /crash`` kills the process with SIGSEGV.
+``LB_SLOW_S`` seconds, ``GET /crash`` kills the process with SIGSEGV; ``LB_GRACE_S`` is
+the shutdown grace.
 """
 
 from __future__ import annotations
@@ -54,4 +55,5 @@ async def crash() -> None:
 
 
 if __name__ == "__main__":
-    trio_worker.start_app(app, init_timeout=30)
+    grace = float(os.environ.get("LB_GRACE_S", "20"))
+    trio_worker.start_app(app, init_timeout=30, timings=trio_worker.Timings(shutdown_grace=grace))

@@ -75,6 +75,31 @@ async def test_sigterm_drains_runs_the_lifespan_shutdown_and_exits_0(
         await kill_all([worker])
 
 
+async def test_on_asyncio_a_request_the_grace_cuts_gets_503_and_the_exit_is_0(
+    nursery: trio.Nursery,
+) -> None:
+    worker, url = await start(nursery, LB_SLOW_S="60", LB_GRACE_S="0.2")
+    try:
+        await worker.until_output("/ping answers 200")
+        answers: list[httpx.Response] = []
+        done = trio.Event()
+
+        async def slow() -> None:
+            answers.append(await get(url + "/slow"))
+            done.set()
+
+        nursery.start_soon(slow)
+        await worker.until_output("slow request started")
+        worker.signal(signal.SIGTERM)
+        await done.wait()
+        assert answers[0].status_code == 503
+        assert answers[0].json()["status"] == "draining"
+        assert await worker.wait() == 0
+        assert "1 request(s) still running" in worker.output
+    finally:
+        await kill_all([worker])
+
+
 async def test_a_failed_load_is_logged_once_and_exits_1(nursery: trio.Nursery) -> None:
     worker, url = await start(nursery, LB_LOAD="fail")
     try:
