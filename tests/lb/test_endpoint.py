@@ -267,3 +267,16 @@ async def test_a_separate_health_port_serves_ping_alone(
     assert (await client.get(worker.health_url + "/hello")).status_code == 404
     assert (await client.get(worker.url + "/hello")).status_code == 200
     worker.shutdown()
+
+
+@pytest.mark.parametrize(
+    "app",
+    [
+        42,
+        lambda environ, start_response: [b"a WSGI app"],  # Flask's shape
+        lambda scope: None,  # an ASGI 2 app's outer callable
+    ],
+)
+async def test_what_is_not_an_asgi_3_app_is_refused_in_one_line(app: Any) -> None:
+    with pytest.raises(trio_worker.ConfigurationError, match="must be an ASGI 3 application"):
+        await serve_app(app)

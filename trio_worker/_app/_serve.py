@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .._backends import makes_coroutine
 from .._categories import classify
 from .._errors import clip
 from .._exceptions import ConfigurationError
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from ._gate import ASGIApp
     from ._loops import AppLoop
 
-__all__ = ["AppWorker", "Ports", "bind_ports", "serve_in_process"]
+__all__ = ["AppWorker", "Ports", "bind_ports", "check_app", "serve_in_process"]
 
 log = logging.getLogger("trio_worker")
 
@@ -91,6 +92,17 @@ def _port(environ: Mapping[str, str], name: str, default: int) -> int:
     if not 0 <= value <= 65535:
         raise ConfigurationError(f"{name} must be a port number (0-65535), got {raw!r}")
     return value
+
+
+def check_app(app: object) -> None:
+    """Raises ConfigurationError unless *app* is an ASGI 3 app: ``async app(scope, receive,
+    send)``, a function or an object with an async ``__call__`` (FastAPI, Starlette, any
+    ASGI middleware). A WSGI app (Flask) or an ASGI 2 one would fail every request."""
+    if not callable(app) or not makes_coroutine(app):
+        raise ConfigurationError(
+            f"app must be an ASGI 3 application, async app(scope, receive, send), got {app!r}"
+            " (a WSGI app such as Flask's needs an ASGI adapter: asgiref's WsgiToAsgi)"
+        )
 
 
 def bind_ports(ports: Ports, host: str = BIND_HOST) -> list[socket.socket]:

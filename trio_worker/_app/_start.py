@@ -20,7 +20,7 @@ from .._config import Settings, log_level_from, parse_cli, reference_flags
 from .._exit import exit_process
 from .._options import worker_options
 from .._watch import watch_crashes
-from ._serve import Ports, bind_ports, serve_in_process
+from ._serve import Ports, bind_ports, check_app, serve_in_process
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -119,10 +119,7 @@ def _prepare(
         sys.stdout.write(reference_flags().format_help())
         exit_process(0)
     configure_logging(log_level_from(os.environ, args.log_level), os.environ)
-    if not callable(app):
-        from .._exceptions import ConfigurationError
-
-        raise ConfigurationError(f"app must be an ASGI application (callable), got {app!r}")
+    check_app(app)
     # The app takes the handler's place: the same checks, and the same backend rule.
     options = worker_options(cast("Handler", app), **given)
     ports = Ports.from_environ(os.environ)

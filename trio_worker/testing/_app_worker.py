@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 import trio
 
-from .._app._serve import AppWorker, Ports, bind_ports
+from .._app._serve import AppWorker, Ports, bind_ports, check_app
 from .._config import Settings
 from .._options import worker_options
 
@@ -103,6 +103,7 @@ async def serve_app(
         ConfigurationError: an invalid argument.
         OSError: a port cannot be bound.
     """
+    check_app(app)
     env = os.environ if environ is None else environ
     options = worker_options(
         cast("Handler", app),
