@@ -1,7 +1,8 @@
 """A load-balancing worker for the process tests: a FastAPI app under ``start_app``.
 
 ``LB_LOAD`` picks the load: ``ok``, ``fail`` (raises during the lifespan startup),
-``segv`` (the process dies by SIGSEGV while loading). ``GET /slow`` waits for
+``segv`` (the process dies by SIGSEGV while loading), ``stubborn`` (never returns, and
+swallows its cancellation); ``LB_INIT_TIMEOUT`` bounds it. ``GET /slow`` waits for
 ``LB_SLOW_S`` seconds, ``GET /crash`` kills the process with SIGSEGV; ``LB_GRACE_S`` is
 the shutdown grace.
 """
@@ -30,6 +31,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if load == "fail":
         print("loading weights from /models/x", flush=True)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    if load == "stubborn":
+        while True:  # a load that swallows its cancellation
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                print("cancellation swallowed", flush=True)
     if load == "segv":
         print("about to touch the GPU", flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -56,4 +63,6 @@ async def crash() -> None:
 
 if __name__ == "__main__":
     grace = float(os.environ.get("LB_GRACE_S", "20"))
-    trio_worker.start_app(app, init_timeout=30, timings=trio_worker.Timings(shutdown_grace=grace))
+    init_timeout = float(os.environ.get("LB_INIT_TIMEOUT", "30"))
+    timings = trio_worker.Timings(shutdown_grace=grace, failure_hold=0.2)
+    trio_worker.start_app(app, init_timeout=init_timeout, timings=timings)

@@ -115,6 +115,19 @@ async def test_a_failed_load_is_logged_once_and_exits_1(nursery: trio.Nursery) -
         await kill_all([worker])
 
 
+async def test_a_load_that_swallows_its_cancellation_still_times_out_and_exits_1(
+    nursery: trio.Nursery,
+) -> None:
+    worker, _ = await start(nursery, LB_LOAD="stubborn", LB_INIT_TIMEOUT="0.3")
+    try:
+        await worker.until_output("the model failed to load")
+        assert await worker.wait() == 1
+        assert "(timeout): InitTimeout" in worker.output
+        assert "cancellation swallowed" in worker.output
+    finally:
+        await kill_all([worker])
+
+
 @pytest.mark.parametrize("where", ["load", "request"])
 async def test_a_process_killed_by_a_signal_is_explained_by_the_watchdog(
     nursery: trio.Nursery, where: str

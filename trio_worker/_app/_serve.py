@@ -218,6 +218,9 @@ class AppWorker:
                 with trio.move_on_after(self._options.timings.shutdown_grace):
                     await self._lifespan.shutdown()
                 self._finishing = False
+            # What is left (a lifespan still starting, the server's task on asyncio) is
+            # cancelled; code of the app that ignores it is not waited for past this.
+            self._waits.end_by(trio.current_time() + _UNWIND_BOUND)
             nursery.cancel_scope.cancel()
         return status
 
