@@ -1,6 +1,6 @@
 """Load-balancing endpoints: the user's ASGI app served on hypercorn, its load supervised.
 
-See docs/load-balancing.md.
+See docs/load-balancing.md and docs/design.md §14.
 
 * ``_health``: the phases (loading, ready, failed, draining) and what ``/ping`` answers;
   pure, no I/O.
