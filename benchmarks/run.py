@@ -40,6 +40,7 @@ from benchmarks import (
     _stream_figures,
     _targets,
     _watch_figures,
+    lb_figures,
 )
 from benchmarks._platform import PlatformProcess
 from benchmarks._procs import LoadMonitor, wait_quiet
@@ -212,6 +213,14 @@ def run_sdk(
             )
             if "error" not in results["crash_watch"]:
                 say(_watch_figures.summary(results["crash_watch"]))
+            # Load-balancing endpoints: start_app beside hypercorn and uvicorn alone.
+            attempt(
+                "load-balancing endpoint: start_app, hypercorn, uvicorn alternating",
+                "lb",
+                partial(lb_figures.lb, sdk.python, quick=bench.settings.quick, say=say),
+            )
+            if "error" not in results["lb"]:
+                say(lb_figures.markdown(results["lb"]))
     results["import_ms"] = _import_ms(bench, sdk)
     return results
 

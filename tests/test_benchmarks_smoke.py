@@ -142,6 +142,10 @@ def test_quick_run_produces_the_table(tmp_path: Path) -> None:
         assert f"| {row['label']} |" in table
         assert row["text"]["load"] != "–", key  # every row says how busy the machine was
     assert results["floor"]["cpu_us_per_job"] > 0
+    lb = results["lb"]  # the load-balancing endpoint, beside hypercorn alone
+    assert lb["start_app"]["requests_per_s"] > 0 and lb["hypercorn"]["requests_per_s"] > 0
+    assert lb["start_app_over_hypercorn"] > 0
+    assert lb["start_to_first_200_s"]["start_app"]["median"] > 0
     assert results["against"]["old_runs"] and results["against"]["current_runs"]
     assert results["paced"]["pairs"][0]["short"]["chunks"] < results["paced"]["chunks"]
     assert (

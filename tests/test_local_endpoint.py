@@ -123,6 +123,9 @@ async def test_bodies_past_the_limit_get_413_and_queue_nothing(autojump_clock: M
     assert len(platform.jobs) == 1
 
 
+# The 413 is answered on the head, before the body is read (a declared size past the
+# limit): httpx then leaves its unfinished body iterator to the garbage collector.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_413_reaches_a_real_client_over_loopback() -> None:
     platform = FakePlatform()
     async with (

@@ -3,8 +3,9 @@
 Any page the developer opens can send requests to ``localhost``: these tests make them,
 against a real ``--rp_serve_api`` process, as such a page (or an outsider on loopback)
 would, and check each is refused with a 4xx and a one-line reason, and changes nothing.
-The read deadlines and the connection cap are tested in-process, in virtual time, in
-``tests/test_http_server.py``.
+The read deadlines, the cap on requests in flight and the checks made on the request head
+are tested against the endpoint's hypercorn server in
+``tests/test_local_endpoint_hypercorn.py``.
 """
 
 from __future__ import annotations

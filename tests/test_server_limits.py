@@ -1,6 +1,8 @@
-"""The server's deadlines and connection cap (``ServerLimits``): no peer holds it by dripping.
+"""The fake platform's server: its deadlines and connection cap (``ServerLimits``), so no peer
+holds it by dripping. (The local endpoint runs on hypercorn: its bounds are tested in
+``tests/test_local_endpoint_hypercorn.py``.)
 
-The local endpoint's app served over in-memory streams in virtual time, so a deadline
+The endpoint app served over in-memory streams in virtual time, so a deadline
 is checked to the second and a peer that drips a byte a second costs no wall time. The
 connection cap is checked over real loopback, where every connection shares one server.
 """
@@ -15,18 +17,20 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._endpoint import EndpointApp, ServerLimits, serve_asgi
-from trio_worker._endpoint._http_server import (
+from trio_worker._endpoint import EndpointApp
+from trio_worker.testing._h11_server import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
     KEEP_ALIVE_TIMEOUT,
+    ServerLimits,
+    serve_asgi,
     serve_stream,
 )
 
 if TYPE_CHECKING:
     from trio.testing import MockClock
 
-    from trio_worker._endpoint._exchange import Receive, Scope, Send
+    from trio_worker.testing._exchange import Receive, Scope, Send
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -2,7 +2,8 @@
 
 httpx is for a configured proxy (``_platform/_proxy.py``) and the local endpoint's
 webhooks only, and asyncio for the asyncio backend only (``_backends.BACKENDS``): together
-about 45 ms of ``python -X importtime`` at every start. Each check runs in a fresh
+about 45 ms of ``python -X importtime`` at every start; hypercorn (about 40 ms more) for
+a server only, when it starts serving. Each check runs in a fresh
 interpreter, since this test process has imported both long before. (``ssl`` is not among
 them: trio imports it itself.)
 """
@@ -22,8 +23,9 @@ from .script_worker import run_script_job
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 30.0  # a safety bound on each wait; never reached when the code is right
 
-# Imported by no worker on the trio backend without a proxy.
-UNUSED = ("httpx", "asyncio")
+# Imported by no worker on the trio backend without a proxy; hypercorn only by a server
+# (start_app, the realtime route, the local endpoint), once it serves.
+UNUSED = ("httpx", "asyncio", "hypercorn")
 
 
 def _python(code: str, **env: str) -> list[str]:

@@ -15,6 +15,8 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 - ``_backends`` is the one place the trio and asyncio backends differ; ``_shutdown_plan``
   the one owner of stopping; ``_watch/`` the crash watchdog the process becomes at
   ``start()`` (docs/design.md §13).
+- ``_app/`` is the load-balancing worker (``start_app()``: the user's ASGI app on
+  hypercorn behind ``/ping``, its load supervised; docs/load-balancing.md).
 - ``_endpoint/`` is the local endpoint (``trio-worker dev``, ``--rp_serve_api``), which
   imports nothing else of the package; ``testing/`` builds the fake platform on it, and no
   product module imports ``testing/``.
@@ -31,6 +33,7 @@ import typing
 from ._version import __version__ as __version__
 
 if typing.TYPE_CHECKING:
+    from ._app import start_app as start_app
     from ._backends import run_asyncio_host as run_asyncio_host
     from ._config import Timings as Timings
     from ._exceptions import AsyncioUnderTrio as AsyncioUnderTrio
@@ -74,6 +77,7 @@ __all__ = [
     "run_asyncio_host",
     "serve",
     "start",
+    "start_app",
 ]
 
 # Where each public name is defined. They are imported on first use (PEP 562), not by
@@ -81,6 +85,7 @@ __all__ = [
 # the crash watchdog import the package without trio or the rest of the SDK, which a
 # worker's first ``trio_worker.start`` loads anyway (docs/design.md §13.1).
 _DEFINED_IN = {
+    "start_app": "._app",
     "run_asyncio_host": "._backends",
     "Timings": "._config",
     "AsyncioUnderTrio": "._exceptions",

@@ -63,7 +63,22 @@ def _parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    dev.add_argument("handler_file", help="the Python file that calls trio_worker.start()")
+    dev.add_argument(
+        "handler_file", nargs="?", help="the Python file that calls trio_worker.start()"
+    )
+    dev.add_argument(
+        "--app",
+        metavar="MODULE:APP",
+        help="serve this ASGI app (a load-balancing worker) as start_app() does, /ping"
+        " included, instead of a handler file; PORT is --port",
+    )
+    dev.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host is NAME (a docker-compose service, a proxy)",
+    )
     dev.add_argument(
         "--host",
         default=DEFAULT_API_HOST,
@@ -115,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; its exit status (a file that calls ``start()`` exits through it)."""
     try:
         args, rest = _parser().parse_known_args(argv)
+        if args.command == "dev" and args.app is not None:
+            return _serve_app(args.app, args.port, rest)
+        if args.handler_file is None:
+            raise _UsageError("give a HANDLER_FILE, or --app MODULE:APP")
         _check_file(args.handler_file)
     except _UsageError as exc:
         sys.stderr.write(f"{PROG}: error: {exc}\n")
@@ -129,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.host,
         "--rp_api_port",
         str(args.port),
+        *(f"--rp_api_allow_host={name}" for name in args.allow_host),
         *rest,
     ]
     # As `python FILE`: the file's own directory (symlinks resolved) is sys.path[0], in
@@ -156,6 +176,25 @@ def _launch(prog: str, handler_file: str, args: list[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"{prog}: error: cannot start {sys.executable}: {exc}\n")
         return 1
+
+
+def _serve_app(spec: str, port: int, rest: list[str]) -> int:
+    """``--app module:app``: import it from the current directory and serve it."""
+    import importlib
+    import os
+
+    module_name, colon, attribute = spec.partition(":")
+    if not colon or not module_name or not attribute:
+        raise _UsageError(f"--app must be MODULE:APP, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        app = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise _UsageError(f"--app {spec}: {exc}") from None
+    os.environ["PORT"] = str(port)
+    from ._app import start_app
+
+    start_app(app, argv=rest)
 
 
 if __name__ == "__main__":

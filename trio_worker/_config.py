@@ -89,6 +89,9 @@ DEFAULT_PROGRESS_BOUND = 2.0
 # One fitness check before the first take; generous, as a cold container may import torch
 # and initialize CUDA within it, and too short a bound would retire a healthy host.
 DEFAULT_FITNESS_CHECK_TIMEOUT = 120.0
+# A load-balancing worker whose load failed answers /ping 503 this long before it exits, so
+# the platform's health check sees why (docs/load-balancing.md).
+DEFAULT_FAILURE_HOLD = 5.0
 CaptureMode = Literal["on", "off"]
 
 
@@ -157,6 +160,7 @@ class Timings:
     report_min_rate: float = DEFAULT_REPORT_MIN_RATE
     progress_bound: float = DEFAULT_PROGRESS_BOUND
     fitness_check_timeout: float = DEFAULT_FITNESS_CHECK_TIMEOUT
+    failure_hold: float = DEFAULT_FAILURE_HOLD
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

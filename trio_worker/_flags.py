@@ -44,6 +44,9 @@ class LocalArgs:
     serve_api: bool = False
     api_host: str = DEFAULT_API_HOST
     api_port: int = DEFAULT_API_PORT
+    # Host names the local endpoint answers besides this machine's (a compose service,
+    # a proxy's name): our flag, not the reference's.
+    allow_hosts: tuple[str, ...] = ()
     debugger: bool = False
     help: bool = False  # --help: start() prints the flags and exits 0
 
@@ -128,6 +131,14 @@ def reference_flags(prog: str | None = None) -> argparse.ArgumentParser:
         metavar="PORT",
         help=f"--rp_serve_api's port (default: {DEFAULT_API_PORT})",
     )
+    add(
+        "--rp_api_allow_host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host is NAME (a docker-compose service, a proxy's"
+        " host name); repeat it, or give several names separated by commas",
+    )
     add("--rp_debugger", action="store_true", help="accepted for compatibility and ignored")
     return parser
 
@@ -166,6 +177,12 @@ def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
         serve_api=known.rp_serve_api,
         api_host=known.rp_api_host,
         api_port=port,
+        allow_hosts=tuple(
+            name.strip()
+            for given in known.rp_api_allow_host
+            for name in given.split(",")
+            if name.strip()
+        ),
         debugger=known.rp_debugger,
         help=known.help,
     )

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ._endpoint import EndpointApp
     from ._exceptions import InitFailure
     from ._options import WorkerOptions
+    from ._platform._http import StreamOpener
 
 log = logging.getLogger("trio_worker")
 LOCAL_JOB_ID = "local_test"
@@ -119,7 +120,7 @@ def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
     return options.backend.run(_dev_server, options, args)
 
 
-def local_endpoint_app(api_host: str) -> EndpointApp:
+def local_endpoint_app(api_host: str, allow_hosts: tuple[str, ...] = ()) -> EndpointApp:
     """The local endpoint's app: the platform's rules, a guard, and a key for this run.
 
     The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
@@ -127,7 +128,8 @@ def local_endpoint_app(api_host: str) -> EndpointApp:
     otherwise, and no request is kept after it is answered. The worker routes take a key
     made for this run alone, which only the embedded worker is given: neither a page in
     the developer's browser nor another process on the machine can take a job or forge a
-    result (docs/security.md).
+    result (docs/security.md). *allow_hosts* (``--rp_api_allow_host``) are host names it
+    answers besides this machine's.
     """
     from ._endpoint import EndpointApp, Guard
     from ._endpoint._rules import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
@@ -140,18 +142,36 @@ def local_endpoint_app(api_host: str) -> EndpointApp:
         expire_results=True,
         max_finished=MAX_FINISHED,
         record_requests=False,
-        guard=Guard.for_host(api_host),
+        guard=Guard.for_host(api_host, allow_hosts),
     )
 
 
-async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
-    from ._endpoint import serve_asgi
-    from ._endpoint._http_server import url_of
-    from ._worker import run_worker
+def loopback_opener(host: str, port: int) -> StreamOpener:
+    """Connections straight to the local endpoint at *host*:*port*, for its embedded worker.
 
-    platform = local_endpoint_app(args.api_host)
+    Loopback never goes through a proxy: a developer's ``HTTP_PROXY`` (and the per-run key
+    with it) must not see the worker's traffic, and an unreachable proxy must not leave
+    ``/runsync`` IN_QUEUE. An injected opener is what the worker's client uses instead of
+    reading the proxy variables, for every route, the heartbeat included.
+    """
+
+    from ._platform._socket import LeanSocketStream
+
+    async def open_stream(_host: str, _port: int, tls: bool) -> trio.abc.Stream:
+        # The stream production's plain-HTTP connects make, so local runs take its path.
+        return LeanSocketStream.adopt(await trio.open_tcp_stream(host, port))
+
+    return open_stream
+
+
+async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
+    from ._endpoint import serve_endpoint
+    from ._endpoint._serving import url_of
+    from ._worker import Seams, run_worker
+
+    platform = local_endpoint_app(args.api_host, args.allow_hosts)
     async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_asgi, platform, args.api_host, args.api_port)
+        port = await nursery.start(serve_endpoint, platform, args.api_host, args.api_port)
         await nursery.start(platform.run_requeue_checker)
         await nursery.start(platform.run_webhook_sender)
         base = url_of(args.api_host, port)
@@ -163,11 +183,23 @@ async def _dev_server(options: WorkerOptions, args: LocalArgs) -> int:
             base,
         )
         _print(f"trio_worker local endpoint: {base}")
+        # The heartbeat on the loop, through the same loopback opener (its own thread
+        # would build a client that reads the proxy variables).
+        seams = Seams(open_stream=loopback_opener(_dialable(args.api_host), port), heartbeat="task")
         status = 0
         try:
-            await run_worker(options, environ=environ)
+            await run_worker(options, environ=environ, seams=seams)
         except InitializationError:
             status = 1
         finally:
             nursery.cancel_scope.cancel()
     return status
+
+
+def _dialable(host: str) -> str:
+    """Where the embedded worker dials the endpoint listening on *host*."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host.strip("[]")

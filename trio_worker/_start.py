@@ -195,19 +195,16 @@ def start(
         if args.serve_api:
             note_local_mode("the local endpoint")
             leave(_serve_api(options, args), None)
+        realtime = _realtime_port()
+        if realtime is not None:
+            # runpod's realtime mode: the handler behind an HTTP route (docs/load-balancing.md).
+            from ._app._realtime import serve_realtime
+
+            leave(serve_realtime(options, realtime), None)
         if args.test_input is not None or not settings.platform.queue_mode:
             note_local_mode("local mode")
             leave(_run_local(options, args), None)
-        # The crash watchdog (docs/design.md §13): only this process's child returns here.
-        watched = watch_crashes(
-            settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
-        )
-        if options.capture_logs == "on":
-            feed = None if watched is None else watched.feed
-            capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
-            install_python_stream_attribution()
-        forwarded = None if watched is None else watched.signals
-        guard = ExitGuard(options.timings, capture, forwarded)
+        capture, guard = watched_process(settings, options)
         guard.install()
         log.info("worker starting: %s", _worker.describe_settings(settings))
         seams = _worker.Seams(capture=capture, exit_guard=guard)
@@ -218,6 +215,30 @@ def start(
     except BaseException as exc:
         leave(_exit_status_for(exc), capture)
     leave(0, capture)
+
+
+def _realtime_port() -> int | None:
+    from ._app._realtime import realtime_port
+
+    return realtime_port(os.environ) if os.environ.get("RUNPOD_REALTIME_PORT") else None
+
+
+def watched_process(
+    settings: Settings, options: WorkerOptions
+) -> tuple[OutputCapture | None, ExitGuard]:
+    """What every serving mode of the process sets up first: the crash watchdog (docs/design.md
+    §13; only the worker process returns from here), the output capture, and the exit guard
+    that reads the signals the watchdog forwards (installed by the caller when it serves)."""
+    watched = watch_crashes(
+        settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
+    )
+    capture = None
+    if options.capture_logs == "on":
+        feed = None if watched is None else watched.feed
+        capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
+        install_python_stream_attribution()
+    forwarded = None if watched is None else watched.signals
+    return capture, ExitGuard(options.timings, capture, forwarded)
 
 
 def _prog() -> str:

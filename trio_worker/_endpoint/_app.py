@@ -28,18 +28,22 @@ GET  /, /docs, /openapi.json                  page, ...   a page to try the hand
 
 Worker routes check ``Authorization`` against ``api_key`` when one is configured (the
 local endpoint always configures one, fresh for each run). With a ``guard``, every
-request passes its checks first (docs/security.md).
+request passes its checks first (docs/security.md). The key, the guard and a declared
+``Content-Length`` past the route's limit are all checked on the head, before any body
+is read.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, unquote
 
 import trio
 
-from ._exchange import AbortConnection
+from ._asgi import AbortConnection
+from ._guard import Refusal
 from ._page import PAGE_HEADERS, PAGE_HTML, openapi_document
 from ._queue import encode_json
 from ._records import JobRecord, RecordedRequest
@@ -64,7 +68,7 @@ from ._state import PlatformState
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._exchange import Receive, Scope, Send
+    from ._asgi import Receive, Scope, Send
     from ._guard import Guard
     from ._queue import Handout
 
@@ -200,16 +204,21 @@ class EndpointApp(PlatformState):
         path = raw_path.decode("latin-1") if raw_path is not None else scope["path"]
         route, args = self._match(path)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        # Checked before the body is read: a refused request costs no body read.
+        # Checked on the head, before the body is read: a refused request (another
+        # origin, no key, a declared size past the limit) costs no body read.
         refusal = None
         if self.guard is not None:
             server = scope.get("server")
             port = server[1] if server else None
             refusal = self.guard.check(route, scope["method"], headers, port)
+        if refusal is None and route in _WORKER_ROUTE_NAMES and self.api_key is not None:
+            if not _key_matches(headers, self.api_key):
+                refusal = Refusal(401, "missing or wrong API key (Authorization)")
         limit = _BODY_LIMITS.get(route, None if route in _WORKER_ROUTE_NAMES else OTHER_BODY_LIMIT)
-        too_large = False
+        too_large = refusal is None and _declared_size(headers) > (limit or math.inf)
         try:
-            body = b"" if refusal is not None else await read_body(receive, limit)
+            skip = refusal is not None or too_large
+            body = b"" if skip else await read_body(receive, limit)
         except ClientGone:
             return
         except BodyTooLarge:
@@ -264,8 +273,6 @@ class EndpointApp(PlatformState):
             if route == "openapi":
                 return Response(200, _OPENAPI)
             return await api_route(self, request)
-        if self.api_key is not None and not _key_matches(request, self.api_key):
-            return json_response(401, {"error": "missing or wrong API key (Authorization)"})
         return await handler(request)
 
     async def _send(self, send: Send, response: Response, record: RecordedRequest) -> None:
@@ -384,8 +391,17 @@ class EndpointApp(PlatformState):
         return OK
 
 
-def _key_matches(request: Request, api_key: str) -> bool:
-    sent = request.headers.get("authorization", "")
+def _declared_size(headers: dict[str, str]) -> int:
+    """The body size a request's head declares (0 when it declares none or garbage: the
+    read then enforces the limit as the body arrives)."""
+    try:
+        return int(headers.get("content-length", "0"))
+    except ValueError:
+        return 0
+
+
+def _key_matches(headers: dict[str, str], api_key: str) -> bool:
+    sent = headers.get("authorization", "")
     # In constant time, so the key cannot be guessed a byte at a time from the timings.
     return hmac.compare_digest(sent.encode("latin-1"), api_key.encode("latin-1"))
 

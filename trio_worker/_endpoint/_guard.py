@@ -70,10 +70,14 @@ class Guard:
     names: frozenset[str]
 
     @classmethod
-    def for_host(cls, api_host: str) -> Guard:
-        """This machine's names, and *api_host* (``--rp_api_host``) as given."""
-        named = f"[{api_host}]" if ":" in api_host and not api_host.startswith("[") else api_host
-        return cls(frozenset({*LOCAL_NAMES, named.lower()}))
+    def for_host(cls, api_host: str, allow: tuple[str, ...] = ()) -> Guard:
+        """This machine's names, *api_host* (``--rp_api_host``) as given, and the names
+        the developer allowed (``--rp_api_allow_host``: a compose service, a proxy)."""
+        names = {*LOCAL_NAMES}
+        for name in (api_host, *allow):
+            named = f"[{name}]" if ":" in name and not name.startswith("[") else name
+            names.add(named.lower())
+        return cls(frozenset(names))
 
     def allows_host(self, host: str, port: int | None) -> bool:
         """True if *host* (a Host header) names this machine on *port*.
@@ -94,18 +98,30 @@ class Guard:
         """
         host = headers.get("host", "")
         if not self.allows_host(host, port):
-            return Refusal(403, "Host header is not this machine's address for this endpoint")
+            return Refusal(403, _unknown_host(host))
         origin = headers.get("origin")
         if origin is not None and origin.lower() != f"http://{host.lower()}":
             return Refusal(403, "cross-origin request refused: the endpoint serves its own page")
         site = headers.get("sec-fetch-site")
         if site is not None and site not in _OWN_SITE and not _navigation(route, method, headers):
             return Refusal(403, "cross-origin request refused: the endpoint serves its own page")
-        if route.startswith("api_") and (route in BODY_ROUTES or _has_body(headers)):
+        # A GET of /runsync has no body to type: its route answers 405.
+        posted = route in BODY_ROUTES and method == "POST"
+        if route.startswith("api_") and (posted or _has_body(headers)):
             media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
             if media_type != "application/json":
                 return Refusal(415, "the body must be sent as Content-Type: application/json")
         return None
+
+
+def _unknown_host(host: str) -> str:
+    name = host.rpartition(":")[0] if host.count(":") == 1 else host
+    name = "".join(ch for ch in name if ch.isalnum() or ch in ".-_[]:") or "NAME"
+    return (
+        f"Host {host!r} is not this machine's address for this endpoint; to serve it by that "
+        f"name (a docker-compose service, a proxy URL), start it with --rp_api_allow_host "
+        f"{name} (trio-worker dev --allow-host {name})"
+    )
 
 
 def _navigation(route: str, method: str, headers: Mapping[str, str]) -> bool:

@@ -14,14 +14,14 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from ._exchange import AbortConnection
+from ._asgi import AbortConnection
 from ._queue import encode_json
 from ._rules import DISCARD_LIMIT, RequestRefused, check_submission, status_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._exchange import Message, Receive, Send
+    from ._asgi import Message, Receive, Send
     from ._records import RecordedRequest
     from ._state import PlatformState
 

@@ -158,8 +158,10 @@ async def builtin_checks(
         checks += [
             Check("_memory_check", memory, native=True),
             Check("_disk_check", disk, native=True),
-            Check("_network_check", reach, native=True),
         ]
+        if platform.queue_mode:
+            # A load-balancing worker has no platform URL to dial: traffic comes to it.
+            checks.append(Check("_network_check", reach, native=True))
         if expected:
             version = functools.partial(check_cuda_version, environ, config.min_cuda_version)
             checks += [

@@ -50,6 +50,7 @@ _DRAIN = {
 }
 # Passed on as they are: they are the worker's to handle (or to die of, then reported).
 _PASS_ON = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_LOGGED_TAIL = 16 * 1024  # of a death's output, what its log line carries
 
 
 def main(spec: dict[str, Any]) -> NoReturn:
@@ -225,7 +226,6 @@ class _Watchdog:
         if code == 0 and trusted and not finals and not crashed:
             return  # a clean exit
         log, describe_exit = _reporting_log(self.spec["log_level"])
-        import logging
 
         how = describe_exit(code)
         if not trusted or self.ledger.lost:
@@ -236,11 +236,7 @@ class _Watchdog:
                 how,
             )
         if not finals and not crashed:
-            log.log(
-                logging.ERROR if code < 0 else logging.WARNING,
-                "the worker process %s; it held no jobs, so there is nothing to report",
-                how,
-            )
+            self._log_death(log, code, how)
             return
         if finals:
             log.error(
@@ -259,22 +255,53 @@ class _Watchdog:
             )
         self._report(code, crashed, finals)
 
+    def _log_death(self, log: Any, code: int, how: str) -> None:
+        """A death with no job held (a load-balancing worker holds none): no report goes
+        out, so the log says why, once: the cause, its category and the redacted output
+        tail for a signal, which no Python code saw."""
+        import logging
+
+        if code >= 0:
+            log.warning("the worker process %s; it held no jobs: nothing to report", how)
+            return
+        from .._capture import Redactor
+        from .._categories import classify_crash
+
+        output = self.tee.tail() if self.tee is not None else ""
+        category = classify_crash(code, output, oom_killed=self._oom_killed(code))
+        tail = Redactor.from_environ(os.environ).redact(output[-_LOGGED_TAIL:])
+        log.log(
+            logging.ERROR,
+            "the worker process %s (%s); it held no jobs: nothing to report%s",
+            how,
+            category,
+            f"; its last output:\n{tail}" if tail else "",
+        )
+
+    def _oom_killed(self, code: int) -> bool:
+        """Whether the kernel's OOM killer took the worker: a SIGKILL, and the cgroup's
+        count rose between the last reading before the death and now, or the kernel log
+        names the worker."""
+        if code != -signal.SIGKILL:
+            return False
+        from ._report import kernel_says_oom_killed
+
+        before, after = self.oom_count, oom_kills()
+        counted = before is not None and after is not None and after > before
+        return counted or kernel_says_oom_killed(self.child)
+
     def _report(self, code: int, crashed: list[str], finals: dict[str, tuple[bytes, bool]]) -> None:
         import trio
 
         from .._config import Settings, Timings
-        from ._report import crash_body, kernel_says_oom_killed, report_held
+        from ._report import crash_body, report_held
 
         timings = Timings(**self.spec["timings"])
         settings = Settings.from_environ(
             os.environ, timings=timings, capture_logs=self.spec["capture_logs"]
         )
         output = self.tee.tail() if self.tee is not None else ""
-        oom = False
-        if code == -signal.SIGKILL:
-            before, after = self.oom_count, oom_kills()
-            counted = before is not None and after is not None and after > before
-            oom = counted or kernel_says_oom_killed(self.child)
+        oom = self._oom_killed(code)
         during_init = not self.ledger.ready
 
         def crashed_body(job_id: str) -> bytes:

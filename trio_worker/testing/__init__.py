@@ -21,6 +21,9 @@ trio's clock, transition observers, a capture of its own)::
     async with memory_network(platform) as opener:
         await trio_worker.testing.serve(handler, environ=env, open_stream=opener, ...)
 
+:func:`serve_app` is :func:`trio_worker.start_app`'s worker inside a test's trio run,
+on loopback ports it picks, with a handle (:class:`AppHandle`) to shut it down.
+
 ``python -m trio_worker.testing --port 0 --preload N`` runs it as its own process.
 """
 
@@ -36,6 +39,7 @@ from .._endpoint._records import (
     RequeueRecord,
 )
 from ._app import FakePlatform
+from ._app_worker import AppHandle, serve_app
 from ._faults import ConnectionDropped
 from ._http_server import ServerThread, run_server_in_thread
 from ._memory import memory_network
@@ -44,6 +48,7 @@ from ._worker import serve
 
 __all__ = [
     "TERMINAL_STATUSES",
+    "AppHandle",
     "ConnectionDropped",
     "FakePlatform",
     "Fault",
@@ -57,6 +62,7 @@ __all__ = [
     "run_platform_server",
     "run_server_in_thread",
     "serve",
+    "serve_app",
 ]
 
 # Public names report the module users import them from (as trio and httpx do).

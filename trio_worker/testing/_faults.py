@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from .._endpoint._exchange import AbortConnection
 from .._endpoint._queue import encode_json
 from .._endpoint._routes import NO_CONTENT, Response
+from ._exchange import AbortConnection
 
 if TYPE_CHECKING:
     from .._endpoint._records import Fault

@@ -1,8 +1,9 @@
 """The fake platform's HTTP server, and a way to run it from code with no trio loop.
 
-The server itself is the local endpoint's (:mod:`trio_worker._endpoint._http_server`): the
-fake platform is served by the same h11 code, deadlines and cap that ``--rp_serve_api``
-uses, so what the tests drive is what developers run. :class:`ServerThread` runs it on a
+The server itself is :mod:`trio_worker.testing._h11_server`, which serves the local
+endpoint's own app (the local endpoint itself runs it on hypercorn) over sockets and over
+in-memory streams alike, and can drop a connection unanswered for the fault injection
+(docs/property-suite.md says why it is not hypercorn). :class:`ServerThread` runs it on a
 daemon thread for sync tests and the benchmark harness.
 """
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 import trio
 
-from .._endpoint._exchange import (
+from ._exchange import (
     AbortConnection,
     ASGIApp,
     ClientDisconnected,
@@ -22,7 +23,7 @@ from .._endpoint._exchange import (
     Scope,
     Send,
 )
-from .._endpoint._http_server import (
+from ._h11_server import (
     KEEP_ALIVE_TIMEOUT,
     ServerLimits,
     serve_asgi,

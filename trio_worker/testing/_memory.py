@@ -2,7 +2,7 @@
 
 :func:`memory_network` yields a stream opener for the lean client
 (``PlatformClient(..., open_stream=opener)``): every connection the client opens is a
-:func:`trio.testing.memory_stream_pair`, and the other end is served by the package's own
+:func:`trio.testing.memory_stream_pair`, and the other end is served by the fake platform's
 h11 server (:func:`~trio_worker.testing._http_server.serve_stream`), exactly as a socket
 would be. So a test under ``MockClock(autojump_threshold=0)`` runs the production client
 (keep-alive pool, response parsing, stale-connection retry, cancellation closing its

@@ -1,6 +1,6 @@
 """One HTTP/1.1 request/response cycle on h11, as the ASGI ``receive``/``send`` pair.
 
-:class:`Exchange` is what :mod:`._http_server` hands an app for each request.
+:class:`Exchange` is what :mod:`._h11_server` hands an app for each request.
 ``receive()`` first hands out the request body (chunked or Content-Length, decoded by
 h11), under the body deadline. Once the body is complete, a further ``receive()`` reads
 the socket itself and returns ``http.disconnect`` when the client goes away: that is how
@@ -16,8 +16,7 @@ response keeps the connection reusable without chunked framing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, Final
+from typing import Final
 
 import h11
 import trio
@@ -35,25 +34,19 @@ __all__ = [
     "bytes_out",
 ]
 
-# The same shapes as httpx.ASGITransport's, so one app type-checks against both.
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from .._endpoint._asgi import (
+    AbortConnection,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 
 #: How many bytes one ``receive_some`` asks for.
 RECEIVE_SIZE: Final = 64 * 1024
 
 _NO_BODY_STATUSES: Final = frozenset({204, 304})
-
-
-class AbortConnection(Exception):
-    """Raise from an ASGI app (before it responds) to close the connection unanswered.
-
-    The client then sees exactly what a dead server or a cut link produces ("server
-    disconnected without sending a response"), which is what fault-injection tests need.
-    """
 
 
 class ClientDisconnected(OSError):

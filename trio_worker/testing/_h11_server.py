@@ -1,9 +1,11 @@
-"""A small HTTP/1.1 server for ASGI apps on trio, built on h11.
+"""The fake platform's HTTP/1.1 server: ASGI on trio streams, built on h11.
 
-Why not an existing ASGI server: the project's only runtime dependencies are trio, httpx
-and h11 (pyproject.toml), and the two users of this module, the local endpoint
-(``--rp_serve_api``) and the fake platform in :mod:`trio_worker.testing`, need only plain
-HTTP/1.1 on loopback. Hypercorn would add a dependency tree; uvicorn is asyncio-only.
+Every server the product runs is hypercorn (the local endpoint, ``start_app``). The fake
+platform keeps this one because the property suite needs two things hypercorn cannot give
+through its public API (docs/property-suite.md): serving an in-memory trio stream (its
+only public entry, ``hypercorn.trio.serve``, binds sockets from its config), and closing
+a connection without any answer (``AbortConnection``, the ``Fault(drop=True)`` of the
+fault injection; hypercorn answers an app's exception with a 500).
 
 Theory of operation
 -------------------
