@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from ._capture import flush_stdio
+from ._capture import OutputCapture, flush_stdio, install_python_stream_attribution
 from ._config import DEFAULT_EXIT_FLUSH_WATCHDOG
+from ._watch import watch_crashes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
-    from ._capture import OutputCapture
-    from ._config import Timings
+    from ._config import Settings, Timings
+    from ._options import WorkerOptions
 
 log = logging.getLogger("trio_worker")
 
@@ -289,3 +290,21 @@ class ExitGuard:
         except trio.RunFinishedError:
             return False
         return answered.wait(_LOOP_ANSWER_BOUND) and answer[0]
+
+
+def watched_process(
+    settings: Settings, options: WorkerOptions
+) -> tuple[OutputCapture | None, ExitGuard]:
+    """What every serving mode of the process sets up first: the crash watchdog (docs/design.md
+    §13; only the worker process returns from here), the output capture, and the exit guard
+    that reads the signals the watchdog forwards (installed by the caller when it serves)."""
+    watched = watch_crashes(
+        settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
+    )
+    capture = None
+    if options.capture_logs == "on":
+        feed = None if watched is None else watched.feed
+        capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
+        install_python_stream_attribution()
+    forwarded = None if watched is None else watched.signals
+    return capture, ExitGuard(options.timings, capture, forwarded)

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 
 from . import _worker
-from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import (
     CaptureMode,
     LocalArgs,
@@ -37,14 +36,14 @@ from ._config import (
     reference_flags,
 )
 from ._exceptions import ConfigurationError, InitializationError, exception_leaves
-from ._exit import ExitGuard, exit_process, exit_status
+from ._exit import exit_process, exit_status, watched_process
 from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
 from ._options import worker_options
-from ._watch import watch_crashes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from ._capture import OutputCapture
     from ._handlers import Handler
     from ._initializer import Initializer
     from ._options import AsyncBackend, Concurrency, WorkerOptions
@@ -221,24 +220,6 @@ def _realtime_port() -> int | None:
     from ._app._realtime import realtime_port
 
     return realtime_port(os.environ) if os.environ.get("RUNPOD_REALTIME_PORT") else None
-
-
-def watched_process(
-    settings: Settings, options: WorkerOptions
-) -> tuple[OutputCapture | None, ExitGuard]:
-    """What every serving mode of the process sets up first: the crash watchdog (docs/design.md
-    §13; only the worker process returns from here), the output capture, and the exit guard
-    that reads the signals the watchdog forwards (installed by the caller when it serves)."""
-    watched = watch_crashes(
-        settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
-    )
-    capture = None
-    if options.capture_logs == "on":
-        feed = None if watched is None else watched.feed
-        capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
-        install_python_stream_attribution()
-    forwarded = None if watched is None else watched.signals
-    return capture, ExitGuard(options.timings, capture, forwarded)
 
 
 def _prog() -> str:

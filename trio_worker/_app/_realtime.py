@@ -26,10 +26,10 @@ import trio
 from .._backends import BACKENDS
 from .._config import Settings
 from .._exceptions import ConfigurationError
+from .._exit import watched_process
 from .._handlers import ThreadWaits
 from .._lifecycle import HeldJob
 from .._runner import JobRunner, JobSpec
-from .._start import watched_process
 from ._gate import send_answer
 from ._health import Answer
 from ._loops import app_loop

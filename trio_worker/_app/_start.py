@@ -16,9 +16,8 @@ import sys
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from .._config import Settings, log_level_from, parse_cli, reference_flags
-from .._exit import exit_process
+from .._exit import exit_process, watched_process
 from .._options import worker_options
-from .._start import watched_process
 from ._serve import Ports, bind_ports, check_app, serve_in_process
 
 if TYPE_CHECKING:
