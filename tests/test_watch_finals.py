@@ -185,40 +185,85 @@ def test_a_requested_stop_or_release_is_settled_for_the_watchdog_at_once(
     assert list(watchdog.held) == []
 
 
-def test_a_flush_is_not_stranded_by_a_watchdog_pump_that_forwarded_nothing(
+def test_a_flush_waits_for_the_watchdog_to_pass_on_what_was_written_and_no_longer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The watchdog's busy counter goes odd, then even, with no copy written (its read
-    found the pipe empty): nothing wakes the worker's capture, so a flush that waited for a
-    notify sat out its whole timeout, stalling the loop once per failing job."""
+    """A flush ends once the watchdog has handled what was written before it: forwarded
+    (then it is in the ring), or dropped. A flush that waited for a wake-up the watchdog's
+    move never sends sat out its whole timeout (1 s), on the event loop, once per failing
+    job; here the timeout is 600 s, so such a flush hangs the test."""
     import threading
 
     from trio_worker._capture import OutputCapture, Redactor, _fd
     from trio_worker._capture._feed import open_tee
 
-    monkeypatch.setattr(_fd, "_FLUSH_TIMEOUT", 600.0)  # a stranded flush would hang here
+    monkeypatch.setattr(_fd, "_FLUSH_TIMEOUT", 600.0)
     devnull = os.open(os.devnull, os.O_WRONLY)
     tee, feed = open_tee(64, real=(devnull, devnull))
     capture = OutputCapture.install(redactor=Redactor(()), feed=feed)
-    waiting = threading.Event()
-    original_wait = capture._cond.wait
-
-    def wait(timeout: float | None = None) -> bool:
-        waiting.set()
-        return original_wait(timeout)
-
-    monkeypatch.setattr(capture._cond, "wait", wait)
     try:
-        tee._bump()  # odd: the watchdog is in a pump
-        assert feed.upstream_pending()
+        mark = capture.mark_nowait()
+        os.write(tee._writes[0], b"forwarded line\n")
         flusher = threading.Thread(target=capture.flush, daemon=True)
         flusher.start()
-        assert waiting.wait(30.0)  # the flush waits for the watchdog
-        tee.pump(tee.reads[0])  # finds nothing: odd, then even, and no copy
-        tee._bump()  # the pump we started above ends: even
+        tee.pump(tee.reads[0])  # the watchdog, on its own time
         flusher.join(30.0)
-        assert not flusher.is_alive(), "the flush never saw the watchdog's counter go even"
+        assert not flusher.is_alive()
+        assert capture.text_since(mark, flush=False) == "forwarded line\n"
+        # A copy the watchdog had to drop (the worker's pipe was full): handled all the
+        # same, so the flush does not wait for bytes that will never come.
+        os.write(tee._writes[0], b"dropped line\n")
+        monkeypatch.setattr(tee, "_copy_out", lambda fd, data: 0)
+        tee.pump(tee.reads[0])
+        flusher = threading.Thread(target=capture.flush, daemon=True)
+        flusher.start()
+        flusher.join(30.0)
+        assert not flusher.is_alive()
         assert capture.flush_timeouts == 0
     finally:
+        capture.stop()
+        os.close(devnull)
+
+
+def test_a_flush_waits_for_what_was_written_before_it_not_for_quiet_pipes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Other jobs go on writing while one job's report flushes: the flush waits for the
+    bytes written before it began (a count), not for pipes that are never empty."""
+    import threading
+
+    from trio_worker._capture import OutputCapture, Redactor, _fd
+    from trio_worker._capture._feed import open_tee
+
+    monkeypatch.setattr(_fd, "_FLUSH_TIMEOUT", 600.0)  # waiting for quiet would hang here
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    tee, feed = open_tee(64, real=(devnull, devnull))
+    capture = OutputCapture.install(redactor=Redactor(()), feed=feed)
+    stop = threading.Event()
+
+    def writer() -> None:  # another job, printing all the time (short of the ring's size)
+        while not stop.wait(0.00005):
+            os.write(tee._writes[0], b"x" * 100 + b"\n")
+
+    def watchdog() -> None:
+        while not stop.is_set():
+            tee.pump(tee.reads[0])
+
+    threads = [threading.Thread(target=t, daemon=True) for t in (writer, watchdog)]
+    try:
+        for thread in threads:
+            thread.start()
+        mark = capture.mark_nowait()
+        os.write(tee._writes[0], b"this job's last line\n")
+        flusher = threading.Thread(target=capture.flush, daemon=True)
+        flusher.start()
+        flusher.join(30.0)
+        assert not flusher.is_alive(), "the flush waited for the pipes to be quiet"
+        assert "this job's last line" in capture.text_since(mark, 1 << 20, flush=False)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5.0)
+        tee.drain()  # the watchdog's last look, so the capture's own last flush ends
         capture.stop()
         os.close(devnull)

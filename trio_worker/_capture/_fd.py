@@ -39,6 +39,7 @@ import ctypes
 import fcntl
 import functools
 import os
+import select
 import selectors
 import sys
 import termios
@@ -65,7 +66,8 @@ READER_THREAD_NAME = "trio_worker-output-capture"
 
 _READ_SIZE = 1 << 16
 _FLUSH_TIMEOUT = 1.0
-_UPSTREAM_RECHECK = 0.001  # seconds between looks at the crash watchdog's progress
+_RECHECK = 0.001  # seconds, at most, between two looks at what a flush waits for
+_FIRST_PAUSE = 0.00002
 
 
 @dataclass(eq=False)
@@ -94,10 +96,12 @@ class OutputCapture:
         self._ring = bytearray()
         self._capacity = tail_bytes + EDGE_CONTEXT
         self._total = 0
-        # Guards the ring, _busy and _open_reads; flush() waits on it for the reader.
+        # Guards the ring and _open_reads.
         self._cond = threading.Condition(threading.Lock())
-        self._busy = False
         self.flush_timeouts = 0  # flushes that gave up waiting (a stuck reader or watchdog)
+        # Held by whoever moves a chunk (the reader thread, or a flush): one at a time, so
+        # chunks reach the ring and the real fds in the order they were read.
+        self._pump_lock = threading.Lock()
         self._open_reads = {r.read_end for r in redirects}
         self._reader_done = False
         self._fd_lock = threading.Lock()
@@ -183,15 +187,16 @@ class OutputCapture:
         with self._cond:
             return self._total
 
-    def text_since(self, mark: int, limit: int = 16384) -> str:
+    def text_since(self, mark: int, limit: int = 16384, *, flush: bool = True) -> str:
         """Redacted, decoded output captured since *mark*: its last *limit* characters.
 
         If the ring no longer holds everything since *mark*, what it holds (at most
-        ``tail_bytes``). Flushes first.
+        ``tail_bytes``). Flushes first, unless the caller just did (*flush* False).
         """
         if limit <= 0:
             return ""
-        self.flush()
+        if flush:
+            self.flush()
         with self._cond:
             total = self._total
             base = total - len(self._ring)
@@ -211,27 +216,62 @@ class OutputCapture:
         return self.text_since(0, limit)
 
     def flush(self) -> None:
-        """Flush Python and C stdio, then wait (at most 1 s) until the reader has
-        consumed everything written to fds 1/2 so far."""
+        """Flush Python and C stdio, then wait (at most 1 s) until the ring holds
+        everything written to fds 1/2 so far.
+
+        Everything so far is a count taken now (:meth:`_look`), never "until the pipes
+        are quiet": other jobs go on writing meanwhile. What reaches the capture's pipes
+        is moved on the calling thread (:meth:`_pump_ready`): waiting for the reader
+        thread cost a thread switch, and a switch of the GIL, per flush."""
         flush_stdio()
         deadline = time.monotonic() + _FLUSH_TIMEOUT
+        target = written = None
+        pause = _FIRST_PAUSE
+        while True:
+            target, written = self._look(target, written)
+            if target is not None and self._holds(target):
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.flush_timeouts += 1
+                return
+            if self._pump_ready():
+                continue
+            if target is None:
+                # The crash watchdog's move: its copy wakes us (it counts the bytes
+                # handled right after), a copy it dropped does not, so the wait is short,
+                # and grows from a few microseconds.
+                self._wait_readable(min(pause, remaining))
+                pause = min(pause * 2, _RECHECK)
+            else:
+                self._wait_readable(min(remaining, _RECHECK))
+
+    def _look(self, target: int | None, written: int | None) -> tuple[int | None, int | None]:
+        """One step towards a flush's target: ``(target, written)``, *target* being what
+        ``_total`` reaches once the ring holds everything written when the flush began;
+        None while the crash watchdog has not passed that on (*written*: how much that
+        was, once seen).
+
+        Unwatched: the ring and the capture's pipes, counted with no chunk in flight (the
+        pump lock). Watched: the watchdog's counts (``_feed``): once it has handled what
+        was written, the target is what it had forwarded by then.
+        """
+        if target is not None:
+            return target, written
+        feed = self._feed
+        if feed is None:
+            with self._pump_lock, self._cond:
+                return self._total + self._unread(), None
+        if written is None:
+            written = feed.written_before_now()
+        if written is not None and feed.handled() >= written:
+            return feed.forwarded(), written
+        return None, written
+
+    def _holds(self, target: int) -> bool:
+        """Whether the ring has reached *target* (or never will: the reader ended)."""
         with self._cond:
-            # Pipe first, then _busy: the reader sets _busy before it reads, under this
-            # lock, so an empty pipe seen here with _busy clear means nothing is in flight.
-            while not self._reader_done:
-                upstream = self._upstream()
-                if not (upstream or self._unread() or self._busy):
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.flush_timeouts += 1
-                    return
-                if upstream:
-                    # The crash watchdog's move, seen only in its counter: a chunk it
-                    # read and found empty, or dropped, wakes nobody here, so look again
-                    # soon instead of waiting for a notify that may never come.
-                    remaining = min(remaining, _UPSTREAM_RECHECK)
-                self._cond.wait(remaining)
+            return self._reader_done or self._total >= target
 
     def stop(self) -> None:
         """Flush, restore fds 1/2 (if they are still ours), drain and stop the reader.
@@ -297,22 +337,34 @@ class OutputCapture:
 
     def _pump(self, redirect: _Redirect) -> bool:
         """Move one chunk from the pipe to the destination and the ring; False at EOF."""
-        with self._cond:
-            self._busy = True
-        try:
-            data: bytes | None = os.read(redirect.read_end, _READ_SIZE)
-        except BlockingIOError:
-            data = None
-        if data:
-            self._forward(redirect, data)
-        with self._cond:
+        with self._pump_lock:
+            try:
+                data: bytes | None = os.read(redirect.read_end, _READ_SIZE)
+            except BlockingIOError:
+                data = None  # a flush moved it first
             if data:
-                self._append(data)
-            elif data == b"":
-                self._open_reads.discard(redirect.read_end)
-            self._busy = False
-            self._cond.notify_all()
+                self._forward(redirect, data)
+            with self._cond:
+                if data:
+                    self._append(data)
+                elif data == b"":
+                    self._open_reads.discard(redirect.read_end)
+                self._cond.notify_all()
         return data != b""
+
+    def _pump_ready(self) -> bool:
+        """Move what the pipes hold now, on this thread; whether anything was there."""
+        moved = False
+        for redirect in self._redirects:
+            if redirect.read_end in self._open_reads and _pending(redirect.read_end):
+                self._pump(redirect)
+                moved = True
+        return moved
+
+    def _wait_readable(self, timeout: float) -> None:
+        reads = [r.read_end for r in self._redirects if r.read_end in self._open_reads]
+        with contextlib.suppress(OSError, ValueError):  # a read end closed meanwhile
+            select.select(reads, [], [], timeout)
 
     def _forward(self, redirect: _Redirect, data: bytes) -> None:
         if not redirect.forwarding:
@@ -339,19 +391,8 @@ class OutputCapture:
             # Deleting from the front of a bytearray only moves its start pointer.
             del ring[:excess]
 
-    def _upstream(self) -> bool:
-        # Asked before the copy pipes are rechecked, so a chunk the watchdog forwards
-        # meanwhile is seen in them on the next round (`_feed`).
-        return self._feed is not None and self._feed.upstream_pending()
-
     def _unread(self) -> int:
-        pending = 0
-        for fd in self._open_reads:
-            buf = bytearray(4)
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(fd, termios.FIONREAD, buf, True)
-                pending += int.from_bytes(buf, sys.byteorder)
-        return pending
+        return sum(_pending(fd) for fd in self._open_reads)
 
     def _restore_fds(self) -> None:
         with self._fd_lock:
@@ -369,7 +410,6 @@ class OutputCapture:
         with self._cond:
             self._open_reads.clear()
             self._reader_done = True
-            self._busy = False
             self._cond.notify_all()
         self._drained.set()
         _close_all([r.read_end for r in self._redirects] + [self._ctl_read])
@@ -398,6 +438,14 @@ def _redirect(fd: int) -> _Redirect:
         # fd now holds the only write end we need; children inherit it from there.
         os.close(write_end)
     return _Redirect(fd=fd, saved=saved, read_end=read_end, pipe_id=pipe_id)
+
+
+def _pending(fd: int) -> int:
+    """Bytes waiting in the pipe *fd* (0 when it cannot tell)."""
+    buf = bytearray(4)
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+    return int.from_bytes(buf, sys.byteorder)
 
 
 def _char_start(data: bytes, index: int) -> int:

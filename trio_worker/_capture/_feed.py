@@ -15,10 +15,13 @@ the worker's capture reads instead of redirecting fds 1/2 itself (`Feed`). The c
 best effort: when the worker does not read it (its reader is stuck, the pipe is full), the
 watchdog drops that copy rather than block, and never drops the pass-through or its tail.
 
-A mark must stay exact across the extra hop (`OutputCapture.flush`): a shared counter says
-whether the watchdog holds a chunk it has read but not yet forwarded (odd: busy). An empty
-upstream pipe seen first, then an even counter, means everything written before the flush
-began is in the copy pipe or already in the worker's ring.
+A mark must stay exact across the extra hop (`OutputCapture.flush`), and must not wait for
+pipes that other jobs keep busy. The watchdog keeps three counts in a page it shares with
+the worker: bytes it has *read* from fds 1/2's pipes, bytes it has *handled* (the copy
+forwarded or dropped; the pass-through follows), bytes *forwarded* to the copies. Everything
+written before a flush began is at most what was read plus what the pipes held then; once
+that much is handled, the flush waits for the ring to hold what was forwarded by then.
+Every count only grows, so a flush waits for a number, never for quiet.
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ if TYPE_CHECKING:
 __all__ = ["Feed", "Tee", "discard_tee", "open_tee"]
 
 _READ_SIZE = 1 << 16
-_SEQ = struct.Struct("Q")
+# The shared page's counts: each written alone, in this order of growth (forwarded before
+# handled), so a reader that sees a chunk handled also sees its copy forwarded.
+_READ, _HANDLED, _FORWARDED = 0, 8, 16
+_COUNT = struct.Struct("Q")
 
 
 class Feed:
     """What the worker (the child) keeps: the copy pipes to read, the upstream pipes to
-    check for unread bytes, and the watchdog's busy counter.
+    check for unread bytes, and the watchdog's counts.
 
     (A plain class: the watchdog imports this module, and ``dataclasses`` alone would
     add more than a megabyte to it.)
@@ -58,13 +64,34 @@ class Feed:
 
     def upstream_pending(self) -> bool:
         """True while bytes written to fds 1/2 have not yet reached the copy pipes."""
+        return bool(self.upstream_bytes()) or self.count(_HANDLED) < self.count(_READ)
+
+    def upstream_bytes(self) -> int:
+        """Bytes written to fds 1/2 that the watchdog has not read yet."""
+        pending = 0
         for fd in self.upstream:
             buf = bytearray(4)
             with contextlib.suppress(OSError):
                 fcntl.ioctl(fd, termios.FIONREAD, buf, True)
-                if int.from_bytes(buf, sys.byteorder):
-                    return True
-        return bool(_SEQ.unpack_from(self.seq)[0] & 1)
+                pending += int.from_bytes(buf, sys.byteorder)
+        return pending
+
+    def written_before_now(self) -> int | None:
+        """The bytes written to fds 1/2 so far: what the watchdog has read, and what the
+        pipes still hold, seen with no read between the two looks; None when the watchdog
+        read meanwhile (look again: it reads in bursts, with pauses between)."""
+        read = self.count(_READ)
+        pending = self.upstream_bytes()
+        return read + pending if self.count(_READ) == read else None
+
+    def handled(self) -> int:
+        return self.count(_HANDLED)
+
+    def forwarded(self) -> int:
+        return self.count(_FORWARDED)
+
+    def count(self, offset: int) -> int:
+        return int(_COUNT.unpack_from(self.seq, offset)[0])
 
 
 class Tee:
@@ -85,7 +112,7 @@ class Tee:
         self._copy = {reads[0]: copies[0], reads[1]: copies[1]}
         self._writes = writes  # write ends, closed once the child has its own
         self.seq_fd, self._seq = seq
-        self._count = 0
+        self._read = self._handled = self._forwarded = 0
         self._tail = bytearray()
         self._tail_bytes = tail_bytes
         self.copies_dropped = 0
@@ -113,21 +140,24 @@ class Tee:
 
     def pump(self, fd: int) -> bool:
         """Move one chunk; False at EOF or when nothing was there."""
-        self._bump()  # odd: a chunk is in our hands
         try:
-            try:
-                data = os.read(fd, _READ_SIZE)
-            except BlockingIOError:
-                return False
-            if not data:
-                self.closed.add(fd)
-                return False
-            _write_all(self._real[fd], data)
-            self._copy_out(self._copy[fd], data)
-            self._keep(data)
-            return True
-        finally:
-            self._bump()  # even: forwarded
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return False
+        if not data:
+            self.closed.add(fd)
+            return False
+        self._read += len(data)
+        _COUNT.pack_into(self._seq, _READ, self._read)
+        # The copy first: a flush in the worker waits for it, not for the real fd (a
+        # terminal, a container's log pipe), which may take longer to take the bytes.
+        self._forwarded += self._copy_out(self._copy[fd], data)
+        self._handled += len(data)
+        _COUNT.pack_into(self._seq, _FORWARDED, self._forwarded)
+        _COUNT.pack_into(self._seq, _HANDLED, self._handled)
+        _write_all(self._real[fd], data)
+        self._keep(data)
+        return True
 
     def drain(self) -> None:
         """Whatever the pipes still hold, without waiting for EOF (a grandchild may hold
@@ -144,19 +174,17 @@ class Tee:
         self._tail_bytes = 0
         self._tail.clear()
 
-    def _bump(self) -> None:
-        self._count += 1
-        _SEQ.pack_into(self._seq, 0, self._count)
-
-    def _copy_out(self, fd: int, data: bytes) -> None:
+    def _copy_out(self, fd: int, data: bytes) -> int:
+        """Forward *data* to the worker, what fits without waiting; the bytes sent."""
         try:
             sent = os.write(fd, data)
         except BlockingIOError:
             sent = 0
         except OSError:  # the worker is gone: nobody reads the copy any more
-            return
+            return 0
         if sent < len(data):
             self.copies_dropped += len(data) - sent
+        return sent
 
     def _keep(self, data: bytes) -> None:
         self._tail += data

@@ -40,7 +40,7 @@ __all__ = [
 ENV = "TRIO_WORKER_LAUNCHED"
 # Bumped when the fds or records change: a handler file running another copy of
 # trio_worker than the launcher's (vendored beside it) then forks its own watchdog.
-PROTOCOL = 2
+PROTOCOL = 3
 PR_SET_PDEATHSIG = 1
 
 

@@ -109,6 +109,7 @@ class _Watchdog:
         self.signals: int | None = spec.get("signals")
         self.oom_count: int | None = spec["oom_before"]  # the last reading before a death
         self.early_signals: list[int] = []  # stop signals between the death and the reports
+        self._exited = True  # a SIGCHLD came: reap (and look once at the start)
 
     # -- while the worker lives ----------------------------------------------------------
 
@@ -123,7 +124,7 @@ class _Watchdog:
             signal.signal(signum, self._pass_on)
         # Blocked since before the fork (_watchdog): what came meanwhile is delivered now.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (*_DRAIN, *_PASS_ON))
-        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.signal(signal.SIGCHLD, self._child_exited)
         if "priority" in self.spec:  # started low (see _watchdog._exec_watchdog)
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, 0, self.spec["priority"])
@@ -134,9 +135,13 @@ class _Watchdog:
         selector.register(wake_read, selectors.EVENT_READ, "wake")
         next_poll = 0.0
         while True:
-            status = self._reap()
-            if status is not None:
-                break
+            # Only when a child exited (or at each poll, in case a SIGCHLD was merged with
+            # another): a waitpid per chunk of output is a syscall on the output's path.
+            if self._exited or time.monotonic() >= next_poll:
+                self._exited = False
+                status = self._reap()
+                if status is not None:
+                    break
             for key, _ in selector.select(RECORD_POLL):
                 if key.data == "out" and self.tee is not None:
                     self.tee.pump(key.fd)
@@ -161,6 +166,9 @@ class _Watchdog:
         self._read_records()
         self._take_worker_options()
         return os.waitstatus_to_exitcode(status)
+
+    def _child_exited(self, signum: int, frame: object) -> None:
+        self._exited = True
 
     def _reap(self) -> int | None:
         """Wait for every child that has exited; the worker's wait status once it has."""
