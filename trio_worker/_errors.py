@@ -122,15 +122,17 @@ def handler_error_body(
     category: str,
     identity: WorkerIdentity,
     redactor: Redactor,
+    traceback: str | None = None,
 ) -> dict[str, Any]:
-    """``{"error": "<JSON string>"}`` for a handler that raised.
+    """``{"error": "<JSON string>"}`` for a handler that raised (*traceback*: the
+    exception's, when the caller formatted it already).
 
     See docs/design.md §5 and docs/protocol.md §3.3.
     """
     return json_error_body(
         error_type=error_type_name(exc),
         message=safe_str(exc),
-        traceback=format_traceback(exc),
+        traceback=format_traceback(exc) if traceback is None else traceback,
         category=category,
         logs=logs,
         identity=identity,

@@ -26,6 +26,7 @@ from ._errors import (
     clip,
     encode_body,
     error_type_name,
+    format_traceback,
     generator_error_body,
     handler_error_body,
     safe_str,
@@ -212,6 +213,9 @@ class JobRunner:
     ) -> Report:
         exc, status = process_exit(exc)
         exc = self.spec.backend.explain(exc)
+        # Formatted before the logs are read: the output the job wrote last is on its
+        # way to the capture meanwhile (through the crash watchdog, when watched).
+        traceback = format_traceback(exc)
         logs = self._logs(output, mark)
         category = classify(exc, logs)
         log_failed_job(job_id, error_type_name(exc), safe_str(exc), category, self.settings)
@@ -221,6 +225,7 @@ class JobRunner:
             category=category,
             identity=self.identity,
             redactor=self.settings.redactor,
+            traceback=traceback,
         )
         return Report(encode_body(self._with_refresh(body)), is_stream=False, exit=status)
 
