@@ -9,7 +9,6 @@ mid-stream all become a clear error on the job (docs/design.md §5).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ from ._handlers import (
     handler_kind,
     is_cancellation,
 )
+from ._progress_calls import ProgressTarget, current_progress
 from ._results import (
     ResultEncodingError,
     encode_result,
@@ -88,24 +88,6 @@ class JobSpec:
             options.refresh_worker,
             options.backend,
         )
-
-
-@dataclass(frozen=True)
-class ProgressTarget:
-    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*;
-    from another thread it is handed over by *from_thread* (the backend's
-    ``thread_handoff``, see ``progress_update``)."""
-
-    post: Callable[[str, bytes], None]
-    token: trio.lowlevel.TrioToken
-    from_thread: Callable[..., object]
-
-
-# Set in each job's task by JobRunner.run; a sync handler's thread sees it too, as
-# trio.to_thread copies the context. Two workers in one process never cross this way.
-current_progress: contextvars.ContextVar[ProgressTarget | None] = contextvars.ContextVar(
-    "trio_worker_progress", default=None
-)
 
 
 @dataclass(frozen=True)

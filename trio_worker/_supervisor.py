@@ -51,6 +51,7 @@ from ._grace import Grace
 from ._initializer import Initializer, init_failure_report, run_initializer
 from ._intake import Backoff, Capacity, StopMemory
 from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
+from ._progress import warn_too_late
 from ._shutdown_plan import ShutdownPlan
 
 if TYPE_CHECKING:
@@ -404,6 +405,9 @@ class Supervisor:
     def spawn_progress(self, job_id: str, body: bytes) -> None:
         """Post a progress update in the background; must run on the trio thread."""
         if job_id not in self.ledger or self._jobs is None:
-            log.warning("progress_update for job %s, which is not running; ignored", job_id)
+            if self.delivery.progress.ended(job_id):
+                warn_too_late(job_id)
+            else:
+                log.warning("progress_update for job %s, which is not running; ignored", job_id)
             return
         self.delivery.progress.spawn(self._jobs, job_id, body)
