@@ -254,11 +254,35 @@ async def test_the_network_check_dials_the_ping_urls_host_and_port(
 
 def test_the_dial_follows_the_urls_tls_and_a_proxy(env: dict[str, str]) -> None:
     https = {**env, "RUNPOD_WEBHOOK_PING": "https://api.runpod.ai/v2/ep/ping/$RUNPOD_POD_ID"}
-    assert dial_target(platform_from_env(https), https) == ("api.runpod.ai", 443, True)
+    assert dial_target(platform_from_env(https)) == ("api.runpod.ai", 443, True)
     no_ping = {k: v for k, v in env.items() if k != "RUNPOD_WEBHOOK_PING"}
-    assert dial_target(platform_from_env(no_ping), no_ping) == ("platform.test", 8080, False)
+    assert dial_target(platform_from_env(no_ping)) == ("platform.test", 8080, False)
     proxied = {**https, "HTTPS_PROXY": "http://proxy.local:3128"}
-    assert dial_target(platform_from_env(proxied), proxied) == ("proxy.local", 3128, False)
+    assert dial_target(platform_from_env(proxied)) == ("proxy.local", 3128, False)
+    tls_proxy = {**https, "HTTPS_PROXY": "https://user:pw@proxy.local"}
+    assert dial_target(platform_from_env(tls_proxy)) == ("proxy.local", 443, True)
+
+
+@pytest.mark.parametrize(
+    "no_proxy", ["platform.test", ".test", "*.test", "platform.test:8080", "*", "x, platform.test"]
+)
+async def test_the_network_check_goes_direct_to_a_platform_no_proxy_names(
+    env: dict[str, str], network: tuple[FakePlatform, Any, Dials], no_proxy: str
+) -> None:
+    # A dead proxy that NO_PROXY rules out for the platform must not be dialed: the
+    # worker would declare itself unhealthy while every request of its own goes direct.
+    _, opener, dials = network
+    await run_gate({**env, "HTTP_PROXY": "http://dead.proxy:1", "NO_PROXY": no_proxy}, opener)
+    assert dials == [("platform.test", 8080, False)]
+
+
+async def test_the_network_check_dials_the_proxy_a_no_proxy_does_not_cover(
+    env: dict[str, str], network: tuple[FakePlatform, Any, Dials]
+) -> None:
+    _, opener, dials = network
+    proxied = {**env, "http_proxy": "http://live.proxy:3128", "NO_PROXY": "platform.test:9999"}
+    await run_gate(proxied, opener)
+    assert dials == [("live.proxy", 3128, False)]
 
 
 async def test_an_unreachable_platform_fails_the_network_check(

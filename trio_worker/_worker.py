@@ -339,6 +339,7 @@ def _start_heartbeat_thread(settings: Settings, supervisor: Supervisor) -> Heart
         platform.api_key,
         platform.ping_interval,
         lambda: supervisor.ledger.held_ids,
+        proxies=platform.proxies,
     )
     pinger.start()
     return pinger

@@ -151,7 +151,6 @@ async def builtin_checks(
         reach = functools.partial(
             check_platform_reachable,
             platform,
-            environ,
             config.network_timeout,
             open_stream=open_stream,
         )

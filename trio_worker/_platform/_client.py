@@ -27,6 +27,7 @@ import trio
 from .._config import MAX_ANSWER_BYTES, MAX_TAKE_ANSWER_BYTES
 from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
+from ._connection import PipeliningUnsupported
 from ._http import HttpResponse, PipeliningBackend, make_backend
 from ._wire import TakeResponse, parse_oversized_take, parse_stop, parse_take
 
@@ -73,6 +74,7 @@ class PlatformClient:
             make_backend,
             open_stream=open_stream,
             connect_timeout=timings.connect_timeout,
+            environ=config.proxies,
         )
         self.polls = backend(headers, max_connections=4)
         # A report's answer matters by its status (and Retry-After) alone: of its body only
@@ -162,7 +164,10 @@ class PlatformClient:
 
         A platform that answers part of a batch and then nothing within the attempt's
         timeout does not take pipelined requests (a proxy in the way, say): pipelining is
-        then turned off for good, with a warning, and chunks go one at a time.
+        then turned off for good, with a warning, and chunks go one at a time. So it is,
+        with one line, when the client finds the platform cannot take them
+        (:class:`PipeliningUnsupported`: HTTP/1.0, answers delimited by the close, a
+        proxy); then nothing behind the answered prefix was sent.
         """
         backend = self._pipelining
         if backend is None:
@@ -172,6 +177,10 @@ class PlatformClient:
         with trio.move_on_after(bound) as scope:
             try:
                 await backend.pipeline("POST", requests, answers)
+            except PipeliningUnsupported as exc:
+                self._pipelining = None
+                log.info("stream chunks now go one request at a time: %s", exc)
+                return answers
             except TransportError as exc:
                 log.debug(
                     "%d of %d pipelined stream chunks answered: %s",

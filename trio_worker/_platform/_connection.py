@@ -51,6 +51,12 @@ class StaleConnection(Exception):
     """A kept-alive connection the server had already closed; retry on a fresh one."""
 
 
+class PipeliningUnsupported(TransportError):
+    """The platform cannot take pipelined requests on this client: it answers in HTTP/1.0
+    or delimits answers by closing, or it is reached through a proxy. What was answered
+    stands; what was not was never sent, so nothing is counted twice."""
+
+
 @dataclass
 class AnswerProgress:
     """What the answer being read has received so far."""

@@ -17,7 +17,7 @@ bound, ``connect_timeout``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import h11
 import trio
@@ -32,7 +32,7 @@ from ._tls import open_tls_stream, trust_context
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 #: ``(host, port, tls) -> stream``: how the lean client gets a connection.
 StreamOpener: TypeAlias = Callable[[str, int, bool], Awaitable[trio.abc.Stream]]
@@ -70,7 +70,7 @@ class LeanHttp:
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}
-        await _close_all([c for connections in idle.values() for c in connections])
+        await close_all([c for connections in idle.values() for c in connections])
 
     async def request(
         self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
@@ -210,12 +210,16 @@ class LeanHttp:
         return await open_tls_stream(host, port, self.ssl_context)
 
 
-async def _close_all(connections: list[Connection]) -> None:
-    """Close every connection, even when cancelled part-way: each close still happens,
-    and the cancellation is raised once they all have."""
-    for index, connection in enumerate(connections):
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def close_all(closables: Sequence[Closable]) -> None:
+    """Close every one (connections, clients), even when cancelled part-way: each close
+    still happens, and the cancellation is raised once they all have."""
+    for index, closable in enumerate(closables):
         try:
-            await connection.aclose()
+            await closable.aclose()
         except BaseException:
-            await _close_all(connections[index + 1 :])
+            await close_all(closables[index + 1 :])
             raise
