@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
 from .._proxies import any_proxy_configured
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT
-from ._connection import RECEIVE_SIZE
+from ._connection import RECEIVE_SIZE, ServerKinds
 from ._lean import LeanHttp, StreamOpener
 from ._reading import HttpResponse
 from ._request import check_headers
@@ -94,6 +94,7 @@ def make_backend(
     environ: Mapping[str, str] | None = None,
     max_connections: int | None = None,
     keep_body: int | None = None,
+    servers: ServerKinds | None = None,
 ) -> HttpBackend:
     """The lean client; with a proxy variable set, one that routes each origin direct
     (the lean client) or through its proxy (httpx, which knows how):
@@ -101,12 +102,17 @@ def make_backend(
 
     An injected *open_stream* wins over a proxy variable: the streams it opens are the
     network. *keep_body*: bytes of each answer's body kept (the rest read and dropped).
+    *servers*: what the origins' answers showed, shared by the clients of one worker.
     """
     check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
     if open_stream is not None or not any_proxy_configured(env):
         return LeanHttp(
-            headers, open_stream=open_stream, connect_timeout=connect_timeout, keep_body=keep_body
+            headers,
+            open_stream=open_stream,
+            connect_timeout=connect_timeout,
+            keep_body=keep_body,
+            servers=servers,
         )
     return ProxyRoutes(
         headers,
@@ -114,4 +120,5 @@ def make_backend(
         connect_timeout=connect_timeout,
         max_connections=max_connections,
         keep_body=keep_body,
+        servers=servers,
     )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .._config import MAX_ANSWER_BYTES
 from .._proxies import proxy_for
-from ._connection import PipeliningUnsupported
+from ._connection import PipeliningUnsupported, ServerKinds
 from ._lean import LeanHttp, close_all
 
 if TYPE_CHECKING:
@@ -38,13 +38,16 @@ class ProxyRoutes:
         connect_timeout: float,
         max_connections: int | None,
         keep_body: int | None,
+        servers: ServerKinds | None = None,
     ) -> None:
         self._headers = dict(headers)
         self._environ = dict(environ)  # read once: a worker's proxies do not move
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
         self._keep_body = keep_body
-        self._direct = LeanHttp(headers, connect_timeout=connect_timeout, keep_body=keep_body)
+        self._direct = LeanHttp(
+            headers, connect_timeout=connect_timeout, keep_body=keep_body, servers=servers
+        )
         self._origins: dict[str, LeanHttp | HttpxHttp] = {}  # "scheme://host:port" -> its client
         self._proxied: dict[str, HttpxHttp] = {}  # proxy URL -> its client
 
