@@ -9,6 +9,7 @@ PATH and no device nodes, so the host running the tests does not decide what run
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -365,3 +366,30 @@ async def test_without_nvidia_smi_a_device_node_sends_the_health_check_to_the_pr
         await health
     assert probe.steps == ["devices"]
     assert ("not verified: no nvidia-smi, torch or CuPy" in caplog.text) is (outcome == "warning")
+
+
+# -- the variables, as the docs list them ------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+READ = re.compile(r'environ(?:\.get\(|, )"(RUNPOD_[A-Z_]+)"')
+
+
+def test_every_fitness_variable_the_code_reads_is_in_each_list_of_them() -> None:
+    source = (REPO / "trio_worker" / "_fitness" / "_builtin.py").read_text()
+    read = set(READ.findall(source))
+    assert "RUNPOD_NETWORK_CHECK_TIMEOUT" in read  # the reading above found them
+    migration = (REPO / "docs" / "migration.md").read_text()
+    listed = migration.split("names and variables", 1)[1].split(")", 1)[0]
+    [environment_row] = [
+        line
+        for line in (REPO / "docs" / "reference.md").read_text().splitlines()
+        if line.startswith("| `RUNPOD_MIN_MEMORY_GB`")
+    ]
+    thresholds = source.split('"""', 2)[1]  # the module's docstring
+    for where, text in (
+        ("migration.md", listed),
+        ("reference.md", environment_row),
+        ("_builtin.py", thresholds),
+    ):
+        missing = sorted(name for name in read if f"`{name}`" not in text)
+        assert missing == [], f"{where} leaves out {missing}"

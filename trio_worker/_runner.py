@@ -27,6 +27,7 @@ from ._errors import (
     error_type_name,
     generator_error_body,
     handler_error_body,
+    one_line,
     safe_str,
     shutdown_error_body,
 )
@@ -363,8 +364,7 @@ def log_failed_job(
     The message is redacted, clipped and kept on one line, so the container log an
     operator reads says which job failed and why without a trip to the platform.
     """
-    text = clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS)
-    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    text = one_line(clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS))
     log.error("job %s failed: %s: %s (category %s)", job_id, error_type, text, category)
 
 

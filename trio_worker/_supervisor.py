@@ -53,6 +53,7 @@ from ._intake import Backoff, Capacity, StopMemory
 from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
 from ._progress import warn_too_late
 from ._shutdown_plan import ShutdownPlan
+from ._tracebacks import one_line
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -227,7 +228,7 @@ class Supervisor:
             "initializer failed after %.2fs: %s: %s (category %s); failing %d held job(s)",
             failure.elapsed,
             failure.error_type,
-            failure.message,
+            one_line(failure.message),
             failure.category,
             len(self.ledger),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -145,6 +146,43 @@ async def test_a_hanging_check_fails_after_its_bound(
     worker = await run(nursery, platform.env(TW_CHECK="hang", TW_FITNESS_BOUND="0.5"))
     reason = await exits_unhealthy(platform, worker, "stuck_mount")
     assert reason == "FitnessCheckTimeout: did not finish within 0.5s"
+
+
+async def test_a_child_a_check_forked_ends_with_the_check(
+    platform: Platform, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # It was left running (a copy of the worker, asleep) after the worker had exited.
+    pid_file = tmp_path / "child"
+    env = platform.env(TW_CHECK="fork_and_hang", TW_FITNESS_BOUND="0.5", TW_CHILD_PID=str(pid_file))
+    worker = await run(nursery, env)
+    reason = await exits_unhealthy(platform, worker, "forks_then_hangs")
+    assert reason == "FitnessCheckTimeout: did not finish within 0.5s"
+    child = int(pid_file.read_text())
+    try:
+        assert not running(child), worker.output
+        assert f"left 1 process(es) running (pid {child}): ended" in worker.output
+    finally:
+        if running(child):
+            os.kill(child, signal.SIGKILL)
+
+
+async def test_an_async_check_swallowing_its_cancellation_cannot_hold_the_worker_on_trio(
+    platform: Platform, nursery: trio.Nursery
+) -> None:
+    # No take, no ping and no exit, for as long as it liked (SIGTERM went unanswered).
+    env = platform.env(TW_CHECK="swallows_cancellation", TW_FITNESS_BOUND="0.5")
+    worker = await run(nursery, env)
+    reason = await exits_unhealthy(platform, worker, "stubborn")
+    assert reason == "FitnessCheckTimeout: did not finish within 0.5s"
+
+
+def running(pid: int) -> bool:
+    """Whether *pid* is a process that still runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 async def test_checks_do_not_run_with_test_input(platform: Platform, nursery: trio.Nursery) -> None:
