@@ -204,21 +204,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "failed-request-leaks-connection",
-        "_platform/_lean.py LeanHttp.round: a failed or cancelled request (or pipelined "
+        "_platform/_lean.py LeanHttp._exchange: a failed or cancelled request (or pipelined "
         "round) leaves its connection open",
         (
             Patch(
                 "trio_worker/_platform/_lean.py",
-                "                # request goes again on a fresh connection.\n"
-                "                await connection.aclose()\n"
-                "                continue\n"
-                "            except BaseException:\n"
-                "                await connection.aclose()\n"
-                "                raise",
-                "                # request goes again on a fresh connection.\n"
-                "                await connection.aclose()\n"
-                "                continue\n"
-                "            except BaseException:\n                raise",
+                "        except BaseException:\n"
+                "            self._servers.note(connection, answered=False)\n"
+                "            await connection.aclose()\n"
+                "            raise",
+                "        except BaseException:\n"
+                "            self._servers.note(connection, answered=False)\n"
+                "            raise",
             ),
         ),
         required=False,

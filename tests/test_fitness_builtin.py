@@ -9,6 +9,7 @@ PATH and no device nodes, so the host running the tests does not decide what run
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -254,11 +255,35 @@ async def test_the_network_check_dials_the_ping_urls_host_and_port(
 
 def test_the_dial_follows_the_urls_tls_and_a_proxy(env: dict[str, str]) -> None:
     https = {**env, "RUNPOD_WEBHOOK_PING": "https://api.runpod.ai/v2/ep/ping/$RUNPOD_POD_ID"}
-    assert dial_target(platform_from_env(https), https) == ("api.runpod.ai", 443, True)
+    assert dial_target(platform_from_env(https)) == ("api.runpod.ai", 443, True)
     no_ping = {k: v for k, v in env.items() if k != "RUNPOD_WEBHOOK_PING"}
-    assert dial_target(platform_from_env(no_ping), no_ping) == ("platform.test", 8080, False)
+    assert dial_target(platform_from_env(no_ping)) == ("platform.test", 8080, False)
     proxied = {**https, "HTTPS_PROXY": "http://proxy.local:3128"}
-    assert dial_target(platform_from_env(proxied), proxied) == ("proxy.local", 3128, False)
+    assert dial_target(platform_from_env(proxied)) == ("proxy.local", 3128, False)
+    tls_proxy = {**https, "HTTPS_PROXY": "https://user:pw@proxy.local"}
+    assert dial_target(platform_from_env(tls_proxy)) == ("proxy.local", 443, True)
+
+
+@pytest.mark.parametrize(
+    "no_proxy", ["platform.test", ".test", "*.test", "platform.test:8080", "*", "x, platform.test"]
+)
+async def test_the_network_check_goes_direct_to_a_platform_no_proxy_names(
+    env: dict[str, str], network: tuple[FakePlatform, Any, Dials], no_proxy: str
+) -> None:
+    # A dead proxy that NO_PROXY rules out for the platform must not be dialed: the
+    # worker would declare itself unhealthy while every request of its own goes direct.
+    _, opener, dials = network
+    await run_gate({**env, "HTTP_PROXY": "http://dead.proxy:1", "NO_PROXY": no_proxy}, opener)
+    assert dials == [("platform.test", 8080, False)]
+
+
+async def test_the_network_check_dials_the_proxy_a_no_proxy_does_not_cover(
+    env: dict[str, str], network: tuple[FakePlatform, Any, Dials]
+) -> None:
+    _, opener, dials = network
+    proxied = {**env, "http_proxy": "http://live.proxy:3128", "NO_PROXY": "platform.test:9999"}
+    await run_gate(proxied, opener)
+    assert dials == [("live.proxy", 3128, False)]
 
 
 async def test_an_unreachable_platform_fails_the_network_check(
@@ -341,3 +366,30 @@ async def test_without_nvidia_smi_a_device_node_sends_the_health_check_to_the_pr
         await health
     assert probe.steps == ["devices"]
     assert ("not verified: no nvidia-smi, torch or CuPy" in caplog.text) is (outcome == "warning")
+
+
+# -- the variables, as the docs list them ------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+READ = re.compile(r'environ(?:\.get\(|, )"(RUNPOD_[A-Z_]+)"')
+
+
+def test_every_fitness_variable_the_code_reads_is_in_each_list_of_them() -> None:
+    source = (REPO / "trio_worker" / "_fitness" / "_builtin.py").read_text()
+    read = set(READ.findall(source))
+    assert "RUNPOD_NETWORK_CHECK_TIMEOUT" in read  # the reading above found them
+    migration = (REPO / "docs" / "migration.md").read_text()
+    listed = migration.split("names and variables", 1)[1].split(")", 1)[0]
+    [environment_row] = [
+        line
+        for line in (REPO / "docs" / "reference.md").read_text().splitlines()
+        if line.startswith("| `RUNPOD_MIN_MEMORY_GB`")
+    ]
+    thresholds = source.split('"""', 2)[1]  # the module's docstring
+    for where, text in (
+        ("migration.md", listed),
+        ("reference.md", environment_row),
+        ("_builtin.py", thresholds),
+    ):
+        missing = sorted(name for name in read if f"`{name}`" not in text)
+        assert missing == [], f"{where} leaves out {missing}"

@@ -13,9 +13,10 @@ from trio_worker._platform._http import (
     HttpResponse,
     LeanHttp,
     make_backend,
-    proxy_configured,
 )
 from trio_worker._platform._proxy import HttpxHttp
+from trio_worker._platform._routes import ProxyRoutes
+from trio_worker._proxies import any_proxy_configured
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -205,8 +206,11 @@ async def test_make_backend_uses_os_environ_by_default(
     assert isinstance(lean, LeanHttp)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
     proxied = make_backend({})
-    await proxied.aclose()
-    assert isinstance(proxied, HttpxHttp)
+    try:
+        assert isinstance(proxied, ProxyRoutes)
+        assert isinstance(proxied.route("https://platform.test/x"), HttpxHttp)
+    finally:
+        await proxied.aclose()
 
 
 async def test_behind_a_proxy_httpx_carries_the_request_to_it(
@@ -218,7 +222,7 @@ async def test_behind_a_proxy_httpx_carries_the_request_to_it(
     server.reply(response(b"pong"))
     backend = make_backend(STATIC_HEADERS, max_connections=3)
     try:
-        assert isinstance(backend, HttpxHttp)
+        assert isinstance(backend, ProxyRoutes)
         with trio.fail_after(TIMEOUT):
             answer = await backend.request("POST", "http://platform.test/ping", b"ping")
     finally:
@@ -234,18 +238,24 @@ async def test_behind_a_proxy_httpx_carries_the_request_to_it(
 @pytest.mark.parametrize(
     "name", ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
 )
-async def test_make_backend_with_proxy_variable_is_httpx(name: str, clean_proxy_env: None) -> None:
+async def test_make_backend_with_proxy_variable_routes_through_httpx(
+    name: str, clean_proxy_env: None
+) -> None:
     env = {name: "http://proxy.test:3128"}
-    assert proxy_configured(env)
+    assert any_proxy_configured(env)
     backend = make_backend(STATIC_HEADERS, environ=env)
     try:
-        assert isinstance(backend, HttpxHttp)
+        assert isinstance(backend, ProxyRoutes)
+        scheme = "http" if name.lower() == "http_proxy" else "https"
+        assert isinstance(backend.route(f"{scheme}://platform.test/x"), HttpxHttp)
+        # Loopback is never proxied, whatever the variables say.
+        assert isinstance(backend.route(f"{scheme}://127.0.0.1:8000/x"), LeanHttp)
     finally:
         await backend.aclose()
 
 
-def test_proxy_configured() -> None:
-    assert not proxy_configured({})
-    assert not proxy_configured({"NO_PROXY": "*", "no_proxy": "*", "FTP_PROXY": "x"})
-    assert not proxy_configured({"HTTPS_PROXY": ""})
-    assert proxy_configured({"HTTPS_PROXY": "", "https_proxy": "http://p:1"})
+def test_any_proxy_configured() -> None:
+    assert not any_proxy_configured({})
+    assert not any_proxy_configured({"NO_PROXY": "*", "no_proxy": "*", "FTP_PROXY": "x"})
+    assert not any_proxy_configured({"HTTPS_PROXY": ""})
+    assert any_proxy_configured({"HTTPS_PROXY": "", "https_proxy": "http://p:1"})

@@ -3,6 +3,7 @@ loopback."""
 
 from __future__ import annotations
 
+import logging
 import tracemalloc
 from typing import Any
 
@@ -14,6 +15,7 @@ from trio_worker._config import MAX_ANSWER_BYTES, Timings, platform_from_env
 from trio_worker._platform import _reading as reading_module
 from trio_worker._platform._answer import parse_simple_answer
 from trio_worker._platform._client import PlatformClient
+from trio_worker._platform._connection import PipeliningUnsupported
 from trio_worker._platform._http import (
     HttpResponse,
     LeanHttp,
@@ -53,9 +55,39 @@ async def pipeline(
     return answers
 
 
+def platform_env(server: Server) -> dict[str, str]:
+    base = server.url("/v2/ep1")
+    return {
+        "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID",
+        "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID",
+        "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID",
+        "RUNPOD_AI_API_KEY": "k",
+        "RUNPOD_POD_ID": "w1",
+    }
+
+
+async def prove(client: LeanHttp | PlatformClient, server: Server) -> None:
+    """One request before the round: its answer shows the origin keeps HTTP/1.1
+    connections, which requests must see before they share a write (its connection is
+    pooled, and the round reuses it)."""
+    server.reply(response(b"proof"))
+    with trio.fail_after(TIMEOUT):
+        polls = client.polls if isinstance(client, PlatformClient) else client
+        assert (await polls.request("GET", server.url("/proof"))).body == b"proof"
+
+
+@pytest.fixture
+async def proven(server: Server, client: LeanHttp) -> LeanHttp:
+    """The client, once the server's first answer has shown it may be pipelined to:
+    ``server.requests[0]`` is that proof."""
+    await prove(client, server)
+    return client
+
+
 async def test_pipelined_requests_are_answered_in_order_on_one_connection(
-    server: Server, client: LeanHttp
+    server: Server, proven: LeanHttp
 ) -> None:
+    client = proven
     # All three answers in one write: each must be cut at its own end.
     server.reply(response(b"a") + response(b"b", "503 Busy") + response(b"c", "201 Created"))
     server.reply()
@@ -67,15 +99,16 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection(
     assert [(a.status, a.body) for a in answers] == [(200, b"a"), (503, b"b"), (201, b"c")]
     assert after.body == b"after"
     assert server.accepted == 1  # kept alive, and reused
-    assert [(r.method, r.target, r.body) for r in server.requests[:3]] == [
+    assert [(r.method, r.target, r.body) for r in server.requests[1:4]] == [
         ("POST", "/job-stream/w/j?x=1", body) for body in BODIES
     ]
-    assert all(r.header("Content-Length") == str(len(r.body)) for r in server.requests[:3])
+    assert all(r.header("Content-Length") == str(len(r.body)) for r in server.requests[1:4])
 
 
 async def test_requests_of_several_urls_go_in_one_pipeline_but_never_to_two_origins(
-    server: Server, client: LeanHttp
+    server: Server, proven: LeanHttp
 ) -> None:
+    client = proven
     server.reply(response(b"a") + response(b"b"))  # both answers in one write
     server.reply()
     server.reply(response(b"after"))
@@ -86,7 +119,7 @@ async def test_requests_of_several_urls_go_in_one_pipeline_but_never_to_two_orig
         # Served after both pipelined requests: the server has recorded them.
         assert (await client.request("GET", server.url("/after"))).body == b"after"
     assert [a.body for a in answers] == [b"a", b"b"]
-    assert [(r.target, r.body) for r in server.requests[:2]] == [
+    assert [(r.target, r.body) for r in server.requests[1:3]] == [
         ("/job-stream/w/a", b"1"),
         ("/job-stream/w/b?x=1", b"2"),
     ]
@@ -94,13 +127,14 @@ async def test_requests_of_several_urls_go_in_one_pipeline_but_never_to_two_orig
     assert elsewhere != first
     with pytest.raises(TransportError, match=r"cannot pipeline requests to .* on one connection"):
         await client.pipeline("POST", [(first, b"3"), (elsewhere, b"4")], answers)
-    assert len(server.requests) == 3  # refused before anything was written
+    assert len(server.requests) == 4  # refused before anything was written
     assert server.accepted == 1
 
 
 async def test_connection_close_ends_a_pipeline_with_the_answers_so_far(
-    server: Server, client: LeanHttp
+    server: Server, proven: LeanHttp
 ) -> None:
+    client = proven
     server.reply(response(b"a", headers=("Connection: close",)), then="close")
     answers: list[HttpResponse] = []
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="after 1 of 3 pipelined"):
@@ -178,8 +212,9 @@ async def test_a_cancelled_pipeline_keeps_its_answers_and_closes_its_connection(
 
 
 async def test_an_answer_h11_must_read_mid_pipeline_hands_it_the_rest(
-    server: Server, client: LeanHttp
+    server: Server, proven: LeanHttp
 ) -> None:
+    client = proven
     # The second answer is chunked (not the plain shape): h11 reads it and the third.
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nbb\r\n0\r\n\r\n"
     server.reply(response(b"a") + chunked + response(b"c", "429 Too Many", ("Retry-After: 3",)))
@@ -223,8 +258,9 @@ async def test_answers_dripping_in_byte_by_byte_are_read_whole_by_h11(
 
 
 async def test_bytes_past_the_last_pipelined_answer_end_the_connection(
-    server: Server, client: LeanHttp
+    server: Server, proven: LeanHttp
 ) -> None:
+    client = proven
     server.reply(response(b"a") + response(b"b") + response(b"c") + b"HTTP/1.1 200 OK\r\n")
     server.reply()
     server.reply()
@@ -239,8 +275,9 @@ async def test_bytes_past_the_last_pipelined_answer_end_the_connection(
 
 @pytest.mark.parametrize("cut", [0, 5, 40])
 async def test_a_close_inside_a_pipelined_answer_says_so(
-    server: Server, client: LeanHttp, cut: int
+    server: Server, proven: LeanHttp, cut: int
 ) -> None:
+    client = proven
     server.reply(response(b"a") + response(b"bbbbbbbbbb")[:cut], then="close")
     answers: list[HttpResponse] = []
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError) as caught:
@@ -248,6 +285,130 @@ async def test_a_close_inside_a_pipelined_answer_says_so(
     assert [a.body for a in answers] == [b"a"]
     want = "after 1 of 3 pipelined" if cut == 0 else "before answering in full"
     assert want in str(caught.value)
+
+
+# --------------------------------------------------------------------------------------
+# Servers that do not keep HTTP/1.1 connections (HTTP/1.0, answers delimited by a close)
+# --------------------------------------------------------------------------------------
+
+
+class CountedWrites(trio.abc.Stream):
+    """A TCP stream that notes how many requests each write carries."""
+
+    def __init__(self, inner: trio.abc.Stream, writes: list[int]) -> None:
+        self._inner = inner
+        self._writes = writes
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self._writes.append(bytes(data).count(b" HTTP/1.1\r\n"))
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:  # pragma: no cover - the client never half-closes
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_round_to_an_origin_not_yet_heard_sends_its_first_request_alone(
+    server: Server,
+) -> None:
+    writes: list[int] = []
+
+    async def open_stream(host: str, port: int, tls: bool) -> trio.abc.Stream:
+        return CountedWrites(await trio.open_tcp_stream(host, port), writes)
+
+    client = LeanHttp(STATIC_HEADERS, open_stream=open_stream)
+    server.reply(response(b"a"))
+    server.reply(response(b"b") + response(b"c"))
+    server.reply()
+    server.reply(response(b"d") + response(b"e"))
+    server.reply()
+    try:
+        with trio.fail_after(TIMEOUT):
+            answers = await pipeline(client, server)
+            again = await pipeline(client, server, BODIES[:2])  # the origin is known now
+    finally:
+        await client.aclose()
+    assert [a.body for a in answers] == [b"a", b"b", b"c"]
+    assert [a.body for a in again] == [b"d", b"e"]
+    assert writes == [1, 2, 2]  # alone until the first answer showed a kept connection
+    assert server.accepted == 1  # and that connection carried the rest
+
+
+HTTP10_KEEP_ALIVE = response(b"b", headers=("Connection: keep-alive",), version="HTTP/1.0")
+
+
+async def test_an_http10_keep_alive_answer_mid_round_reads_the_answers_behind_it(
+    server: Server, proven: LeanHttp
+) -> None:
+    # h11 closes after any HTTP/1.0 answer, so the chunks behind it were taken for lost
+    # and sent again, though this server had processed them: stored twice. Their
+    # answers are read; then the origin is never pipelined to again.
+    client = proven
+    server.reply(response(b"a") + HTTP10_KEEP_ALIVE + response(b"c"))
+    server.reply()
+    server.reply()
+    server.reply(response(b"alone"))
+    with trio.fail_after(TIMEOUT):
+        answers = await pipeline(client, server)
+        assert [(a.status, a.body) for a in answers] == [(200, b"a"), (200, b"b"), (200, b"c")]
+        with pytest.raises(PipeliningUnsupported, match=r"answers in HTTP/1\.0"):
+            await pipeline(client, server)
+        assert (await client.request("GET", server.url("/alone"))).body == b"alone"
+    assert [r.body for r in server.requests[1:4]] == BODIES  # each once
+    assert len(server.requests) == 5  # the refused round sent nothing
+    assert server.accepted == 2  # the HTTP/1.0 connection was not kept
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        response(b"a", headers=("Connection: keep-alive",), version="HTTP/1.0"),
+        response(b"a", version="HTTP/1.0"),
+        response(b"a", length=False),  # its end is the close
+    ],
+    ids=["HTTP/1.0 keep-alive", "HTTP/1.0", "close-delimited"],
+)
+async def test_an_origin_whose_first_answer_is_not_persistent_http11_is_never_pipelined_to(
+    server: Server, client: LeanHttp, first: bytes
+) -> None:
+    server.reply(first, then="close")
+    server.reply(response(b"b"))
+    answers: list[HttpResponse] = []
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(PipeliningUnsupported):
+            await client.pipeline("POST", to(server.url("/s"), BODIES), answers)
+        assert [a.body for a in answers] == [b"a"]
+        assert [r.body for r in server.requests] == BODIES[:1]  # the rest never sent
+        # One request at a time still goes, each on a connection of its own.
+        assert (await client.request("POST", server.url("/s"), b"1")).body == b"b"
+    assert server.accepted == 2
+
+
+async def test_the_platform_client_turns_pipelining_off_for_such_an_origin(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_worker")
+    client = PlatformClient(platform_from_env(platform_env(server)), Timings())
+    server.reply(response(b"", "204 No Content", version="HTTP/1.0"))  # a take's answer
+    chunks = [(client.config.stream_url("j1"), b"%d" % n) for n in range(3)]
+    try:
+        with trio.fail_after(TIMEOUT):
+            await client.polls.request("GET", server.url("/take"))
+            assert await client.post_pipelined(chunks) == []
+    finally:
+        await client.aclose()
+    assert not client.pipelining
+    assert len(server.requests) == 1  # no chunk was written
+    assert "stream chunks now go one request at a time" in caplog.text
+    assert "answers in HTTP/1.0" in caplog.text
 
 
 # --------------------------------------------------------------------------------------
@@ -259,8 +420,9 @@ NO_CONTENT_WITH_BODY = b"HTTP/1.1 204 No Content\r\nContent-Length: 2\r\n\r\n{}"
 
 @pytest.mark.parametrize("separate_writes", [False, True])
 async def test_a_204_with_a_body_mid_round_is_not_taken_for_the_next_answer(
-    server: Server, client: LeanHttp, separate_writes: bool
+    server: Server, proven: LeanHttp, separate_writes: bool
 ) -> None:
+    client = proven
     # Regression: the body of a 204 was read as the next chunk's answer; the round failed
     # after its first answer and the chunks behind it, which the platform had stored,
     # were sent (and stored) again. The 204's declared body is skipped, every chunk is
@@ -274,7 +436,7 @@ async def test_a_204_with_a_body_mid_round_is_not_taken_for_the_next_answer(
         answers = await pipeline(client, server)
         after = await client.request("GET", server.url("/after"))
     assert [a.status for a in answers] == [204, 204, 204]
-    assert len(server.requests) == 4  # each chunk once, then the next request
+    assert len(server.requests) == 5  # the proof, each chunk once, then the next request
     assert after.body == b"after"
     assert server.accepted == 2  # never reused
 
@@ -287,8 +449,9 @@ async def test_a_204_with_a_body_mid_round_is_not_taken_for_the_next_answer(
     ],
 )
 async def test_a_204_or_304_framed_as_rfc9112_says_mid_round_is_read_as_such(
-    server: Server, client: LeanHttp, head: bytes
+    server: Server, proven: LeanHttp, head: bytes
 ) -> None:
+    client = proven
     # A Content-Length on a 204 or 304 with no body behind it (a 304 may name the
     # length of what it stands for): the next answer follows its head at once.
     server.reply(head + response(b"b") + response(b"c"))
@@ -305,8 +468,9 @@ async def test_a_204_or_304_framed_as_rfc9112_says_mid_round_is_read_as_such(
 
 
 async def test_a_204_declaring_a_chunked_body_mid_round_fails_closed(
-    server: Server, client: LeanHttp
+    server: Server, proven: LeanHttp
 ) -> None:
+    client = proven
     server.reply(
         b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
         + response(b"b")
@@ -325,7 +489,8 @@ async def test_bytes_arriving_after_the_last_answer_of_a_round_end_the_connectio
     server: Server, client: LeanHttp
 ) -> None:
     # In a later write than the last answer: the quiet check sees them before reuse.
-    script = StrayAnswer(server, b"HTTP/1.1 200 OK\r\n", after=2)
+    script = StrayAnswer(server, b"HTTP/1.1 200 OK\r\n", after=3)  # the proof, then 2
+    await prove(client, server)
     server.reply(response(b"a") + response(b"b"))
     server.reply()
     server.reply(response(b"after"))
@@ -347,10 +512,11 @@ async def test_a_round_keeps_a_bounded_part_of_each_answer(server: Server) -> No
     # and drops the rest, and holds one read at a time.
     big = b"x" * MAX_ANSWER_BYTES
     count = 16
+    client = LeanHttp(STATIC_HEADERS, keep_body=4096)
+    await prove(client, server)
     server.reply(*[response(big)] * count)
     for _ in range(count - 1):
         server.reply()
-    client = LeanHttp(STATIC_HEADERS, keep_body=4096)
     answers: list[HttpResponse] = []
     try:
         with trio.fail_after(TIMEOUT):
@@ -375,21 +541,13 @@ async def test_a_round_of_stream_chunks_holds_little_however_large_the_answers(
     # answers must not hold even one of them whole.
     big = b"x" * MAX_ANSWER_BYTES
     count = 16
+    config = platform_from_env(platform_env(server))
+    client = PlatformClient(config, Timings())
+    chunks = [(config.stream_url("j1"), b'{"output": %d}' % n) for n in range(count)]
+    await prove(client, server)  # as the take's answer does before any chunk
     server.reply(*[response(big)] * count)
     for _ in range(count - 1):
         server.reply()
-    base = server.url("/v2/ep1")
-    config = platform_from_env(
-        {
-            "RUNPOD_WEBHOOK_GET_JOB": f"{base}/job-take/$ID",
-            "RUNPOD_WEBHOOK_POST_OUTPUT": f"{base}/job-done/$RUNPOD_POD_ID/$ID",
-            "RUNPOD_WEBHOOK_POST_STREAM": f"{base}/job-stream/$RUNPOD_POD_ID/$ID",
-            "RUNPOD_AI_API_KEY": "k",
-            "RUNPOD_POD_ID": "w1",
-        }
-    )
-    client = PlatformClient(config, Timings())
-    chunks = [(config.stream_url("j1"), b'{"output": %d}' % n) for n in range(count)]
     try:
         with trio.fail_after(TIMEOUT):
             tracemalloc.start()

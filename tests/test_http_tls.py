@@ -17,6 +17,7 @@ from trio_worker._platform._http import (
     make_backend,
 )
 from trio_worker._platform._proxy import HttpxHttp
+from trio_worker._platform._routes import ProxyRoutes
 from trio_worker._platform._tls import trust_context
 
 from .scripted_server import (
@@ -133,8 +134,12 @@ async def test_ssl_cert_file_is_honoured_by_every_client(
             assert (await lean.request("GET", f"https://127.0.0.1:{port}/")).body == b"secure"
         await lean.aclose()
         proxied = make_backend({}, environ={"HTTPS_PROXY": "http://unused"})
-        assert isinstance(proxied, HttpxHttp)
-        assert proxied._client._transport._pool._ssl_context is trust_context()  # type: ignore[attr-defined]
+        assert isinstance(proxied, ProxyRoutes)
+        httpx_backend = proxied.route("https://platform.test/")
+        assert isinstance(httpx_backend, HttpxHttp)
+        # httpx's own internals (test-only): the proxy transport's TLS context.
+        [transport] = httpx_backend._client._mounts.values()
+        assert transport._pool._ssl_context is trust_context()  # type: ignore[union-attr]
         await proxied.aclose()
     finally:
         trust_context.cache_clear()

@@ -14,7 +14,8 @@ from trio_worker._config import Settings
 from trio_worker._handlers import ThreadWaits
 from trio_worker._lifecycle import HeldJob
 from trio_worker._options import AsyncBackend, worker_options
-from trio_worker._runner import JobRunner, JobSpec, ProgressTarget, current_progress
+from trio_worker._progress_calls import ProgressTarget, current_progress
+from trio_worker._runner import JobRunner, JobSpec
 
 # A handler for the backend named: sync code is the same on both, async code is the
 # backend's own.

@@ -66,16 +66,21 @@ def test_the_package_alone_imports_no_sdk_until_a_public_name_is_used() -> None:
     assert _python(code) == [[], ["trio", "trio_worker._start"], "trio_worker"]
 
 
-def test_a_proxy_still_gets_the_httpx_client() -> None:
+def test_a_proxy_still_gets_the_httpx_client_and_only_for_a_proxied_origin() -> None:
     code = (
         "import json, sys\n"
         "from trio_worker._platform._http import make_backend\n"
-        "before = 'httpx' in sys.modules\n"
         "backend = make_backend({})\n"
-        "print(json.dumps([before, type(backend).__name__, 'httpx' in sys.modules]))\n"
+        "seen = [type(backend).__name__]\n"
+        "for url in ('https://direct.test/x', 'https://platform.test/x'):\n"
+        "    if hasattr(backend, 'route'):\n"
+        "        seen.append(type(backend.route(url)).__name__)\n"
+        "    seen.append('httpx' in sys.modules)\n"
+        "print(json.dumps(seen))\n"
     )
-    assert _python(code, HTTPS_PROXY="http://proxy.test:3128") == [False, "HttpxHttp", True]
-    assert _python(code) == [False, "LeanHttp", False]
+    behind_a_proxy = _python(code, HTTPS_PROXY="http://proxy.test:3128", NO_PROXY="direct.test")
+    assert behind_a_proxy == ["ProxyRoutes", "LeanHttp", False, "HttpxHttp", True]
+    assert _python(code) == ["LeanHttp", False, False]
 
 
 # A production worker (trio_worker.start, the trio backend for a sync handler) reports, as

@@ -21,7 +21,7 @@ from trio_worker._asyncio_host import await_on_asyncio
 from trio_worker._backends import BACKENDS
 from trio_worker._handlers import ThreadWaits
 from trio_worker._options import AsyncBackend
-from trio_worker._runner import ProgressTarget, current_progress
+from trio_worker._progress_calls import ProgressTarget, current_progress
 from trio_worker._worker import _outside
 from trio_worker.testing import FakePlatform
 
@@ -75,16 +75,18 @@ async def test_two_workers_in_one_run_each_get_their_own_progress(
     nursery.cancel_scope.cancel()
 
 
-def test_progress_update_outside_a_job_warns_and_does_nothing(
+def test_progress_update_with_no_worker_running_warns_and_does_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trio_worker")
     trio_worker.progress_update({"id": "j1"}, 50)
-    assert "outside a job" in caplog.text
+    assert "progress_update for job j1 with no worker running in this process; ignored" in (
+        caplog.text
+    )
 
 
 @BOTH_BACKENDS
-async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
+async def test_progress_update_in_a_task_beside_the_worker_for_a_job_it_does_not_hold(
     backend: str,
     nursery: trio.Nursery,
     virtual_clock: trio.abc.Clock,
@@ -93,7 +95,7 @@ async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
     caplog.set_level(logging.WARNING, logger="trio_worker")
     platform = FakePlatform(take_hold=5.0)
     await start_worker(nursery, platform, lambda job: "ok", "w1", backend)
-    # A worker is running, but this task is no job of it: the update has nowhere to go.
+    # A worker is running, but holds no job j1: the update has nowhere to go.
     if backend == "asyncio":
 
         async def beside_the_worker() -> None:  # an asyncio task on the worker's loop
@@ -102,7 +104,7 @@ async def test_progress_update_in_a_task_beside_the_worker_is_outside_any_job(
         await await_on_asyncio(beside_the_worker(), waits=ThreadWaits())
     else:
         trio_worker.progress_update({"id": "j1"}, 50)
-    assert "outside a job" in caplog.text
+    assert "progress_update for job j1, which no worker here is running; ignored" in caplog.text
     nursery.cancel_scope.cancel()
 
 

@@ -18,6 +18,7 @@ import functools
 import inspect
 import math
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import trio
 
 from ._exceptions import AsyncioUnderTrio, TrioUnderAsyncio
+from ._threads import ThreadCall, run_sync
 from ._tracebacks import ASYNCIO_DIR
 
 if TYPE_CHECKING:
@@ -124,7 +126,12 @@ class TrioBackend(Backend):
     async def await_result(
         self, awaitable: Awaitable[Any], waits: Holds, *, cancel_bound: float = math.inf
     ) -> Any:
-        return await awaitable
+        if cancel_bound == math.inf:
+            return await awaitable
+        # A task of this run that swallows its cancellation (a bare except around an
+        # await) holds its caller, and may hold the loop, as long as it likes: bounded,
+        # the awaitable runs on a trio run of its own, which can be left behind.
+        return await _on_a_run_of_its_own(awaitable, waits, cancel_bound)
 
     def chunks(
         self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds
@@ -145,6 +152,52 @@ class TrioBackend(Backend):
             "asyncio code ran on trio, the worker's backend for it; asyncio code needs"
             ' async_backend="asyncio" (the default for async code)',
         )
+
+
+class _RunOfItsOwn:
+    """One awaitable on a trio run in a thread, cancellable from the caller's run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancel: Callable[[], object] | None = None
+        self._cancelled = False
+
+    async def main(self, awaitable: Awaitable[Any]) -> Any:
+        with trio.CancelScope() as scope:
+            token = trio.lowlevel.current_trio_token()
+            with self._lock:
+                self._cancel = functools.partial(token.run_sync_soon, scope.cancel)
+                if self._cancelled:
+                    scope.cancel()
+            return await awaitable
+
+    def cancel(self) -> None:
+        """Cancel the run's awaitable (at once if it has started, else as it starts)."""
+        with self._lock:
+            self._cancelled = True
+            cancel = self._cancel
+        if cancel is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                cancel()
+
+
+async def _on_a_run_of_its_own(awaitable: Awaitable[Any], waits: Holds, cancel_bound: float) -> Any:
+    """*awaitable*'s value, computed on a trio run of its own in a kept thread. Once the
+    caller is cancelled, so is that run, and the caller waits for it at most
+    *cancel_bound* seconds (and no later than the end of the shutdown grace, *waits*);
+    then the thread is left to itself, as an abandoned sync handler's is. The awaitable
+    shares no trio object with the caller's run."""
+    run = _RunOfItsOwn()
+    call = ThreadCall(trio.run, (run.main, awaitable))
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        return await run_sync(call)
+    except trio.Cancelled:
+        run.cancel()
+        if call.ended is not None:
+            with waits.shielded(cancel_bound):
+                await call.ended.wait()
+        raise
 
 
 class AsyncioBackend(Backend):

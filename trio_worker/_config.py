@@ -44,6 +44,7 @@ from ._flags import log_level_from as log_level_from
 from ._flags import parse_cli as parse_cli
 from ._flags import read_test_input_file as read_test_input_file
 from ._flags import reference_flags as reference_flags
+from ._proxies import check_proxies, proxy_variables
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -199,10 +200,19 @@ class PlatformConfig:
     ping_url: str | None
     ping_interval: float  # seconds
     endpoint_id: str | None
+    # The proxy variables (trio_worker._proxies), read with the rest: every connection to
+    # the platform (client, heartbeat, fitness check) follows them.
+    proxies: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def queue_mode(self) -> bool:
         return self.take_url is not None
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every platform URL the worker may reach (the per-job ones as templates)."""
+        urls = (self.take_url, self.stop_url, self.ping_url, self.done_template)
+        return tuple(url for url in (*urls, self.stream_template) if url)
 
     def done_url(self, job_id: str, *, is_stream: bool) -> str:
         """The job-done URL of *job_id*, the id percent-encoded (see :func:`job_path_segment`)."""
@@ -395,6 +405,7 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
         ping_url=ping.replace("$RUNPOD_POD_ID", in_url) if ping else None,
         ping_interval=ping_ms / 1000.0,
         endpoint_id=endpoint_id,
+        proxies=proxy_variables(environ),
     )
 
 
@@ -421,8 +432,11 @@ class Settings:
         env = os.environ if environ is None else environ
         if capture_logs not in ("on", "off"):
             raise ConfigurationError(f"capture_logs must be 'on' or 'off', got {capture_logs!r}")
+        platform = platform_from_env(env)
+        # A proxy it cannot use would fail every request: one line at start instead.
+        check_proxies(platform.urls, platform.proxies)
         return cls(
-            platform=platform_from_env(env),
+            platform=platform,
             timings=timings or Timings(),
             redactor=Redactor.from_environ(env),
             capture_logs=capture_logs,

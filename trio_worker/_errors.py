@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._tracebacks import error_type_name, format_traceback, safe_str
+from ._tracebacks import error_type_name, format_traceback, one_line, safe_str
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,6 +59,7 @@ __all__ = [
     "handler_error_body",
     "init_failed_body",
     "json_error_body",
+    "one_line",
     "refused_result_body",
     "safe_str",
     "shutdown_error_body",

@@ -23,6 +23,11 @@ runs this package starts: a run whose host callback is not
 :class:`HostCallSoon`, or whose I/O manager is not epoll, ticks as trio wrote it.
 ``tests/test_asyncio_backend.py`` checks that no helper thread is used and that every kind
 of wake-up (I/O, a deadline, another thread, a signal) still reaches trio.
+
+trio's private module is looked up only by :func:`install`, when the first asyncio-backend
+worker starts, never at import: a trio release that renames it, or any field the tick
+uses, leaves trio's own tick in place (the public path, a helper thread per idle wait)
+and every worker working (``tests/test_trio_internals.py``).
 """
 
 from __future__ import annotations
@@ -33,15 +38,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 from outcome import Error, capture
 from sniffio import thread_local as sniffio_library
-from trio._core import _run
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-# trio's own, for runs not started here
-_trio_guest_tick = _run.GuestState.guest_tick
-_trio_force_guest_tick_asap = getattr(_run.Runner, "force_guest_tick_asap", None)
+# trio's own, for runs not started here: found by install(), which replaces them.
+_trio_guest_tick: Callable[[Any], None] | None = None
+_trio_force_guest_tick_asap: Callable[[Any], None] | None = None
 
 
 class HostCallSoon:
@@ -80,6 +84,7 @@ def guest_tick(state: Any) -> None:
                 host.waits = _RUNS[state.runner] = _HostWaits(state, host.loop, fd)
         waits = host.waits
     if waits is None:
+        assert _trio_guest_tick is not None  # installed, so found
         _trio_guest_tick(state)
         return
     previous, sniffio_library.name = sniffio_library.name, "trio"
@@ -207,20 +212,38 @@ STATE_FIELDS = frozenset(
 RUNNER_FIELDS = frozenset({"io_manager", "guest_tick_scheduled", "main_task_outcome"})
 
 
-def install(state_class: type = _run.GuestState, runner_class: type = _run.Runner) -> bool:
-    """Make *state_class*'s ``guest_tick`` the one above, if trio's guest run has every
-    field it uses; whether it did (idempotent; runs not started here are unchanged)."""
+def install(state_class: type | None = None, runner_class: type | None = None) -> bool:
+    """Make trio's ``GuestState.guest_tick`` (or *state_class*'s) the one above, if this
+    trio's guest run has every field it uses; whether it did (idempotent; runs not started
+    here are unchanged). Never raises: a trio without these names keeps its own tick."""
+    global _trio_guest_tick, _trio_force_guest_tick_asap
+    try:
+        from trio._core import _run  # private: looked up here, guarded, never at import
+    except ImportError:
+        return False
+    if state_class is None:
+        state_class = getattr(_run, "GuestState", None)
+    if runner_class is None:
+        runner_class = getattr(_run, "Runner", None)
+    if state_class is None or runner_class is None:
+        return False
+    trios_tick = getattr(state_class, "guest_tick", None)
     if not (
         _field_names(state_class) >= STATE_FIELDS
         and _field_names(runner_class) >= RUNNER_FIELDS
-        and callable(getattr(state_class, "guest_tick", None))
+        and callable(trios_tick)
     ):
         return False
+    if trios_tick is not guest_tick:  # not installed yet: this is trio's own
+        _trio_guest_tick = trios_tick
     state_class.guest_tick = guest_tick  # type: ignore[attr-defined]
     # Without it (a trio that renamed it) a scheduled task still wakes the run, through
     # trio's wake-up socket as before.
-    if runner_class is _run.Runner and callable(_trio_force_guest_tick_asap):
-        runner_class.force_guest_tick_asap = force_guest_tick_asap  # type: ignore[method-assign,assignment]
+    trios_force = getattr(runner_class, "force_guest_tick_asap", None)
+    if callable(trios_force):
+        if trios_force is not force_guest_tick_asap:
+            _trio_force_guest_tick_asap = trios_force
+        runner_class.force_guest_tick_asap = force_guest_tick_asap  # type: ignore[attr-defined]
     return True
 
 

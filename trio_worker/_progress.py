@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trio_worker")
 
+# Ended jobs remembered, so an update that comes too late is told apart from one for a job
+# never held; the oldest are forgotten.
+ENDED_KEPT = 4096
+
 
 class Post(Protocol):
     """The delivery's retry policy (:meth:`~trio_worker._delivery.Delivery.post`)."""
@@ -61,6 +65,9 @@ class ProgressPosts:
         self._progress: dict[str, _Progress] = {}
         # Jobs whose final report has started: no update is accepted for them any more.
         self.closed: set[str] = set()
+        # Jobs that have ended (reported, stopped or released), newest last; read from
+        # any thread (progress_update's), written on the trio thread.
+        self._ended: dict[str, None] = {}
 
     def __repr__(self) -> str:
         return f"<ProgressPosts in_flight={sorted(self._progress)}>"
@@ -68,7 +75,7 @@ class ProgressPosts:
     def spawn(self, nursery: trio.Nursery, job_id: str, body: bytes) -> None:
         """Post an update in *nursery*; while one is in flight the newest waits."""
         if job_id in self.closed:
-            log.warning("progress_update for job %s after its final result; ignored", job_id)
+            warn_too_late(job_id)
             return
         progress = self._progress.get(job_id)
         if progress is not None:
@@ -77,8 +84,15 @@ class ProgressPosts:
         progress = self._progress[job_id] = _Progress()
         nursery.start_soon(self._run, job_id, progress, body)
 
+    def ended(self, job_id: str) -> bool:
+        """Whether *job_id* was held and has ended (among the last ``ENDED_KEPT``)."""
+        return job_id in self._ended
+
     def discard(self, job_id: str) -> None:
         """The job is over: cancel whatever progress it still has in flight."""
+        self._ended[job_id] = None
+        if len(self._ended) > ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
         progress = self._progress.get(job_id)
         if progress is not None:
             progress.pending = None
@@ -134,6 +148,12 @@ class ProgressPosts:
             # Unwinding closes its connection at once; bounded all the same.
             with trio.move_on_after(bound):
                 await progress.idle.wait()
+
+
+def warn_too_late(job_id: str) -> None:
+    """The one line for an update made once its job has ended (its final report under way
+    or delivered, or the job stopped or released): never posted."""
+    log.warning("progress_update for job %s after the job ended; ignored", job_id)
 
 
 def _progress_end(ends: float, plan: ShutdownPlan) -> float:

@@ -9,7 +9,6 @@ mid-stream all become a clear error on the job (docs/design.md §5).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from ._errors import (
     format_traceback,
     generator_error_body,
     handler_error_body,
+    one_line,
     safe_str,
     shutdown_error_body,
 )
@@ -43,6 +43,7 @@ from ._handlers import (
     handler_kind,
     is_cancellation,
 )
+from ._progress_calls import ProgressTarget, current_progress
 from ._results import (
     ResultEncodingError,
     encode_result,
@@ -89,24 +90,6 @@ class JobSpec:
             options.refresh_worker,
             options.backend,
         )
-
-
-@dataclass(frozen=True)
-class ProgressTarget:
-    """Where ``progress_update`` sends a body: *post* runs on the trio thread of *token*;
-    from another thread it is handed over by *from_thread* (the backend's
-    ``thread_handoff``, see ``progress_update``)."""
-
-    post: Callable[[str, bytes], None]
-    token: trio.lowlevel.TrioToken
-    from_thread: Callable[..., object]
-
-
-# Set in each job's task by JobRunner.run; a sync handler's thread sees it too, as
-# trio.to_thread copies the context. Two workers in one process never cross this way.
-current_progress: contextvars.ContextVar[ProgressTarget | None] = contextvars.ContextVar(
-    "trio_worker_progress", default=None
-)
 
 
 @dataclass(frozen=True)
@@ -386,8 +369,7 @@ def log_failed_job(
     The message is redacted, clipped and kept on one line, so the container log an
     operator reads says which job failed and why without a trip to the platform.
     """
-    text = clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS)
-    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    text = one_line(clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS))
     log.error("job %s failed: %s: %s (category %s)", job_id, error_type, text, category)
 
 

@@ -51,7 +51,9 @@ from ._grace import Grace
 from ._initializer import Initializer, init_failure_report, run_initializer
 from ._intake import Backoff, Capacity, StopMemory
 from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
+from ._progress import warn_too_late
 from ._shutdown_plan import ShutdownPlan
+from ._tracebacks import one_line
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -226,7 +228,7 @@ class Supervisor:
             "initializer failed after %.2fs: %s: %s (category %s); failing %d held job(s)",
             failure.elapsed,
             failure.error_type,
-            failure.message,
+            one_line(failure.message),
             failure.category,
             len(self.ledger),
         )
@@ -404,6 +406,9 @@ class Supervisor:
     def spawn_progress(self, job_id: str, body: bytes) -> None:
         """Post a progress update in the background; must run on the trio thread."""
         if job_id not in self.ledger or self._jobs is None:
-            log.warning("progress_update for job %s, which is not running; ignored", job_id)
+            if self.delivery.progress.ended(job_id):
+                warn_too_late(job_id)
+            else:
+                log.warning("progress_update for job %s, which is not running; ignored", job_id)
             return
         self.delivery.progress.spawn(self._jobs, job_id, body)

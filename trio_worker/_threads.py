@@ -27,25 +27,52 @@ finds the loop without a token, and ``trio.from_thread.check_cancelled()`` (so t
 ``check_cancelled()``) raises once the waiting task is cancelled. The call is abandoned on
 cancel, as with ``abandon_on_cancel=True``: the task is woken at once, and can still wait
 for the thread's end (:attr:`ThreadCall.ended`).
+
+That record is private to trio (``trio._threads``). It is looked up once, at the first
+call, never at import, and only used when it has the shape described above; a trio
+release that renames it gets the public path instead, ``trio.to_thread.run_sync`` with
+``abandon_on_cancel=True`` (the same promises, at to_thread's cost per call), and every
+worker keeps working (``tests/test_trio_internals.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import queue
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import outcome
 import trio
 
-# What trio.from_thread reads (see above), and the count trio.testing's
-# active_thread_count() and wait_all_threads_completed() see, as for to_thread's threads.
-from trio._threads import PARENT_TASK_DATA, _track_active_thread
-
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+
+class _TrioThreadHooks(NamedTuple):
+    """What trio.from_thread reads (see the module docstring), and the count
+    trio.testing's active_thread_count() and wait_all_threads_completed() see, as for
+    to_thread's threads."""
+
+    parent_task_data: threading.local
+    track_active_thread: Callable[[], contextlib.AbstractContextManager[object]]
+
+
+@functools.cache
+def trio_thread_hooks() -> _TrioThreadHooks | None:
+    """trio's private per-thread record and thread count, when this trio has them as the
+    kept threads use them; None otherwise (the public path, ``trio.to_thread``)."""
+    try:
+        from trio._threads import PARENT_TASK_DATA, _track_active_thread
+    except ImportError:
+        return None
+    if not (isinstance(PARENT_TASK_DATA, threading.local) and callable(_track_active_thread)):
+        return None
+    return _TrioThreadHooks(PARENT_TASK_DATA, _track_active_thread)
+
 
 IDLE_SECONDS = 10.0  # an unused kept thread leaves after this long
 DEFAULT_NAME = "trio_worker sync code"
@@ -119,7 +146,9 @@ class ThreadCall:
         "_abandoned",
         "_args",
         "_context",
+        "_finished",
         "_fn",
+        "_lock",
         "_returns",
         "_task",
         "cancel",
@@ -141,21 +170,51 @@ class ThreadCall:
         self.cancel: list[Any] = [None]
         #: Set when the thread has returned, for a task that was cancelled while it ran.
         self.ended: trio.Event | None = None
+        # The public path's record of the thread's end (see _run_sync_public).
+        self._lock: threading.Lock | None = None
+        self._finished = False
 
-    def run(self) -> outcome.Outcome[Any]:
+    def run(self, hooks: _TrioThreadHooks) -> outcome.Outcome[Any]:
         """In the kept thread: run the code."""
-        PARENT_TASK_DATA.token = self._returns.token
-        PARENT_TASK_DATA.abandon_on_cancel = True
-        PARENT_TASK_DATA.cancel_register = self.cancel
-        PARENT_TASK_DATA.task_register = [self._task]
+        record = hooks.parent_task_data
+        record.token = self._returns.token
+        record.abandon_on_cancel = True
+        record.cancel_register = self.cancel
+        record.task_register = [self._task]
         try:
             result: outcome.Outcome[Any] = outcome.Value(self._context.run(self._fn, *self._args))
         except BaseException as exc:
             result = outcome.Error(exc)
         finally:
-            del PARENT_TASK_DATA.token, PARENT_TASK_DATA.abandon_on_cancel
-            del PARENT_TASK_DATA.cancel_register, PARENT_TASK_DATA.task_register
+            del record.token, record.abandon_on_cancel
+            del record.cancel_register, record.task_register
         return result
+
+    def run_in_to_thread(self) -> outcome.Outcome[Any]:
+        """In a ``trio.to_thread`` thread (the public path): run the code, then say the
+        thread has ended to a task that was cancelled meanwhile."""
+        result = outcome.capture(self._context.run, self._fn, *self._args)
+        assert self._lock is not None
+        with self._lock:
+            self._finished = True
+            abandoned = self._abandoned
+        if abandoned:
+            with contextlib.suppress(trio.RunFinishedError):
+                self._returns.token.run_sync_soon(self._set_ended)
+        return result
+
+    def abandon(self) -> None:
+        """On the loop's thread (the public path): the waiting task was cancelled."""
+        assert self._lock is not None
+        with self._lock:
+            self._abandoned = True
+            self.ended = trio.Event()
+            if self._finished:
+                self.ended.set()
+
+    def _set_ended(self) -> None:
+        if self.ended is not None:
+            self.ended.set()
 
     def report(self, result: outcome.Outcome[Any]) -> None:
         """In the kept thread: hand the outcome to the loop (which also learns the end)."""
@@ -183,10 +242,32 @@ async def run_sync(call: ThreadCall) -> Any:
     on; ``call.ended`` is set when it returns). The caller checks for a cancellation
     before, if one that landed first must keep the code from starting.
     """
-    thread = _idle.pop() if _idle else _KeptThread()
-    with _track_active_thread():
+    hooks = trio_thread_hooks()
+    if hooks is None:
+        return await _run_sync_public(call)
+    thread = _idle.pop() if _idle else _KeptThread(hooks)
+    with hooks.track_active_thread():
         thread.inbox.put(call)
         return await trio.lowlevel.wait_task_rescheduled(call._abort)
+
+
+async def _run_sync_public(call: ThreadCall) -> Any:
+    """:func:`run_sync` on trio's public API alone, for a trio without the hooks."""
+    call._lock = threading.Lock()
+    try:
+        await trio.lowlevel.checkpoint_if_cancelled()
+    except trio.Cancelled:
+        call._finished = True  # it never starts: nothing to wait for
+        call.abandon()
+        raise
+    try:
+        result: outcome.Outcome[Any] = await trio.to_thread.run_sync(
+            call.run_in_to_thread, abandon_on_cancel=True, thread_name=call.name or DEFAULT_NAME
+        )
+    except trio.Cancelled:
+        call.abandon()
+        raise
+    return result.unwrap()
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any, name: str | None = None) -> Any:
@@ -198,7 +279,8 @@ async def in_thread(fn: Callable[..., Any], *args: Any, name: str | None = None)
 
 
 class _KeptThread:
-    def __init__(self) -> None:
+    def __init__(self, hooks: _TrioThreadHooks) -> None:
+        self._hooks = hooks
         self.inbox: queue.SimpleQueue[ThreadCall] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=DEFAULT_NAME, daemon=True)
         self._thread.start()
@@ -214,11 +296,11 @@ class _KeptThread:
                     continue  # taken off the idle list just now: its call is on the way
                 return
             if call.name is None:
-                result = call.run()
+                result = call.run(self._hooks)
             else:
                 self._thread.name = call.name
                 try:
-                    result = call.run()
+                    result = call.run(self._hooks)
                 finally:
                     self._thread.name = DEFAULT_NAME
             # Idle again before the loop hears of the outcome, so the task woken by it

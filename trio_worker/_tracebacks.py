@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import os
+import re
 import sys
 import traceback
 
 import outcome
 import trio
 
-__all__ = ["ASYNCIO_DIR", "error_type_name", "format_traceback", "safe_str"]
+__all__ = ["ASYNCIO_DIR", "error_type_name", "format_traceback", "one_line", "safe_str"]
 
 
 def error_type_name(exc: BaseException) -> str:
@@ -141,3 +142,17 @@ def safe_str(exc: BaseException) -> str:
         return str(exc)
     except Exception:
         return f"<{type(exc).__name__}: str() failed>"
+
+
+# Line breaks and every other control character a terminal or a log shipper acts on:
+# C0 but the tab, DEL, C1, and Unicode's line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """*text* for one log line: each control character written as its escape (``\\n``,
+    ``\\x1b``, ``\\u2028``), so a message cannot forge a line of its own, nor colour or
+    move the terminal that shows it."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)

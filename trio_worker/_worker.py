@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
@@ -31,8 +31,8 @@ from ._lifecycle import WorkerPhase
 from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
-from ._results import ResultEncodingError, encode_result
-from ._runner import JobRunner, JobSpec, ProgressTarget, current_progress
+from ._progress_calls import ProgressTarget, running_worker
+from ._runner import JobRunner, JobSpec
 from ._shutdown_plan import ShutdownPlan
 from ._supervisor import Supervisor
 
@@ -200,7 +200,7 @@ async def _serve(
         open_stream=seams.open_stream,
         wrap_backend=seams.wrap_backend,
     )
-    supervisor = _build(options, settings, client, capture, seams)
+    supervisor, progress = _build(options, settings, client, capture, seams)
     if seams.exit_guard is not None:
         token = trio.lowlevel.current_trio_token()
         seams.exit_guard.attach(token, supervisor.request_shutdown, supervisor.ledger.reporting)
@@ -208,7 +208,10 @@ async def _serve(
     task_status.started(WorkerHandle(supervisor))
     failure: BaseException | None = None
     try:
-        with options.backend.exits_from_user_tasks(supervisor.request_exit):
+        with (
+            running_worker(progress),
+            options.backend.exits_from_user_tasks(supervisor.request_exit),
+        ):
             async with trio.open_nursery() as outer:
                 if handle_signals:
                     outer.start_soon(_watch_signals, supervisor)
@@ -248,7 +251,8 @@ def _build(
     client: PlatformClient,
     capture: OutputCapture | None,
     seams: Seams,
-) -> Supervisor:
+) -> tuple[Supervisor, ProgressTarget]:
+    """The worker's parts, and where its jobs' ``progress_update`` calls go."""
     waits = ThreadWaits()
     supervisor: Supervisor | None = None
 
@@ -262,10 +266,16 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
-    token = trio.lowlevel.current_trio_token()
-    progress = ProgressTarget(post_progress, token, options.backend.thread_handoff(token))
     # The one owner of stopping, read by every wait of the worker (docs/how-it-works.md).
     delivery = Delivery(settings, client, ShutdownPlan(settings.timings))
+    token = trio.lowlevel.current_trio_token()
+    progress = ProgressTarget(
+        post_progress,
+        token,
+        options.backend.thread_handoff(token),
+        holds=lambda job_id: supervisor is not None and job_id in supervisor.ledger,
+        ended=delivery.progress.ended,
+    )
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
@@ -294,7 +304,7 @@ def _build(
         observers=seams.observers,
         exit_hooks=seams.exit_guard,
     )
-    return supervisor
+    return supervisor, progress
 
 
 def _outside(group: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -329,6 +339,7 @@ def _start_heartbeat_thread(settings: Settings, supervisor: Supervisor) -> Heart
         platform.api_key,
         platform.ping_interval,
         lambda: supervisor.ledger.held_ids,
+        proxies=platform.proxies,
     )
     pinger.start()
     return pinger
@@ -342,42 +353,6 @@ async def _watch_signals(supervisor: Supervisor) -> None:
                 log.warning("second SIGINT: exiting at once")
                 raise KeyboardInterrupt
             supervisor.request_shutdown(f"{name} received")
-
-
-def progress_update(job: Mapping[str, Any], progress: object) -> None:
-    """Send a non-terminal progress update for *job* (docs/protocol.md §3.5).
-
-    Callable from an async handler or from a sync handler's thread (and from tasks and
-    threads they start). The update goes to the worker running the calling job, even with
-    several workers in one process. Unlike the reference, updates never arrive after the
-    job's final result. Does nothing (with a warning) outside a job, or when *progress* is
-    not JSON-serializable.
-    """
-    target = current_progress.get()
-    if target is None:
-        log.warning("progress_update called outside a job run by a worker; ignored")
-        return
-    job_id = str(job.get("id"))
-    try:
-        body = encode_result({"status": "IN_PROGRESS", "output": progress})
-    except ResultEncodingError as err:
-        log.error("progress_update for job %s not sent: %s", job_id, str(err))
-        return
-    try:
-        # On the trio thread (a trio task, or an asyncio task between trio's ticks on the
-        # asyncio backend) the post is registered at once, before the job can end.
-        current = trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        current = None
-    if current is target.token:
-        target.post(job_id, body)
-        return
-    try:
-        target.from_thread(target.post, job_id, body)
-    except (trio.RunFinishedError, RuntimeError):
-        # A thread that outlived its worker (abandoned at the end of the shutdown grace):
-        # the worker's run, or its loop, has ended.
-        log.warning("progress_update for job %s after its worker ended; ignored", job_id)
 
 
 def describe_settings(settings: Settings) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -147,6 +148,43 @@ async def test_a_hanging_check_fails_after_its_bound(
     assert reason == "FitnessCheckTimeout: did not finish within 0.5s"
 
 
+async def test_a_child_a_check_forked_ends_with_the_check(
+    platform: Platform, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # It was left running (a copy of the worker, asleep) after the worker had exited.
+    pid_file = tmp_path / "child"
+    env = platform.env(TW_CHECK="fork_and_hang", TW_FITNESS_BOUND="0.5", TW_CHILD_PID=str(pid_file))
+    worker = await run(nursery, env)
+    reason = await exits_unhealthy(platform, worker, "forks_then_hangs")
+    assert reason == "FitnessCheckTimeout: did not finish within 0.5s"
+    child = int(pid_file.read_text())
+    try:
+        assert not running(child), worker.output
+        assert f"left 1 process(es) running (pid {child}): ended" in worker.output
+    finally:
+        if running(child):
+            os.kill(child, signal.SIGKILL)
+
+
+async def test_an_async_check_swallowing_its_cancellation_cannot_hold_the_worker_on_trio(
+    platform: Platform, nursery: trio.Nursery
+) -> None:
+    # No take, no ping and no exit, for as long as it liked (SIGTERM went unanswered).
+    env = platform.env(TW_CHECK="swallows_cancellation", TW_FITNESS_BOUND="0.5")
+    worker = await run(nursery, env)
+    reason = await exits_unhealthy(platform, worker, "stubborn")
+    assert reason == "FitnessCheckTimeout: did not finish within 0.5s"
+
+
+def running(pid: int) -> bool:
+    """Whether *pid* is a process that still runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 async def test_checks_do_not_run_with_test_input(platform: Platform, nursery: trio.Nursery) -> None:
     worker = await run(nursery, platform.env(TW_CHECK="fail_sync"), "--test_input", '{"input": 1}')
     assert await worker.wait(30) == 0, worker.output
@@ -198,11 +236,13 @@ async def test_a_working_gpu_passes_and_torch_is_never_imported_by_the_worker(
     try:
         with trio.fail_after(30):
             await platform.fake.wait_for_status(job_id, "COMPLETED")
-        assert "_cuda_version_check, _cuda_init_check, _benchmark_check" in worker.output
         importers = gpu_host["imports"].read_text().split()
         assert len(importers) == 1  # one probe child for init and the benchmark
         assert str(worker.process.pid) not in importers
         assert await worker.stop() == 0
+        # Read once the process is gone: its output reaches us through the crash
+        # watchdog's tee, which a loaded machine may leave behind the job's report.
+        assert "_cuda_version_check, _cuda_init_check, _benchmark_check" in worker.output
     finally:
         await kill_all([worker])
 

@@ -13,7 +13,8 @@ runpod 1.12 registers them when its checks first run, after the user's, in this 
 | ``_benchmark_check`` | as above | a 1024x1024 matmul is too slow |
 
 The thresholds: ``RUNPOD_MIN_MEMORY_GB`` (4.0), ``RUNPOD_MIN_DISK_PERCENT`` (10),
-``RUNPOD_MIN_CUDA_VERSION`` (11.8), ``RUNPOD_GPU_BENCHMARK_TIMEOUT`` (2 s).
+``RUNPOD_MIN_CUDA_VERSION`` (11.8), ``RUNPOD_NETWORK_CHECK_TIMEOUT`` (5 s),
+``RUNPOD_GPU_TEST_TIMEOUT`` (30 s), ``RUNPOD_GPU_BENCHMARK_TIMEOUT`` (2 s).
 
 So a CPU-only host runs three: memory, disk, network. Two differences, on purpose: the
 reference registers the GPU checks when ``nvidia-smi`` works, so a broken driver reads as
@@ -151,7 +152,6 @@ async def builtin_checks(
         reach = functools.partial(
             check_platform_reachable,
             platform,
-            environ,
             config.network_timeout,
             open_stream=open_stream,
         )

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .._exceptions import TrioWorkerError
+from .._tracebacks import one_line
 from ._builtin import FitnessConfig, builtin_checks
 from ._reach import send_unhealthy_ping
 from ._registry import registered_checks, run_checks, warn_about_runpod_checks
@@ -74,10 +75,11 @@ async def check_fitness(
     if failure is None:
         elapsed = (time.perf_counter() - started) * 1000
         names = ", ".join(check.name for check in checks)
-        log.info("fitness checks passed in %.1f ms: %s", elapsed, names)
+        log.info("fitness checks passed in %.1f ms: %s", elapsed, one_line(names))
         return
     reason = settings.redactor.redact(failure.reason)
-    log.error("fitness check %s failed: %s", failure.check, reason)
+    # The check's own text: one line, whatever it holds (a newline would forge another).
+    log.error("fitness check %s failed: %s", one_line(failure.check), one_line(reason))
     await send_unhealthy_ping(
         settings.platform,
         settings.timings,

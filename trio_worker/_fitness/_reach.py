@@ -3,8 +3,9 @@
 The reference's network check dials ``8.8.8.8:53``, which says nothing about the platform
 (a firewall may allow one and not the other). ``_network_check`` dials what the worker
 will use: the ping URL's host and port (the take URL's without a ping URL), with the TLS
-handshake when the URL is ``https``, against the worker's one trust store; through a proxy
-when one is configured, it dials the proxy.
+handshake when the URL is ``https``, against the worker's one trust store. When the
+proxy variables send that URL through a proxy (:func:`trio_worker._proxies.proxy_for`, the
+rule every connection of the worker follows, ``NO_PROXY`` included), it dials the proxy.
 
 The unhealthy ping goes through the platform client's own request path (the lean client,
 or httpx behind a proxy), once, bounded by :data:`UNHEALTHY_PING_BOUND`, and never raises:
@@ -22,13 +23,11 @@ import trio
 from .._config import MAX_ANSWER_BYTES, with_query
 from .._exceptions import TransportError
 from .._platform._client import PlatformClient
-from .._platform._http import proxy_configured
 from .._platform._tls import open_tls_stream, trust_context
+from .._proxies import proxy_for
 from .._version import __version__
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from .._config import PlatformConfig, Timings
     from .._platform._http import StreamOpener
 
@@ -39,21 +38,16 @@ UNHEALTHY_PING_BOUND = 2.0
 REASON_LIMIT = 256
 
 
-def dial_target(platform: PlatformConfig, environ: Mapping[str, str]) -> tuple[str, int, bool]:
+def dial_target(platform: PlatformConfig) -> tuple[str, int, bool]:
     """``(host, port, tls)`` that ``_network_check`` dials (see the module doc)."""
     url = platform.ping_url or platform.take_url
     if url is None:
         raise RuntimeError("no platform URL to dial (RUNPOD_WEBHOOK_GET_JOB is not set)")
+    proxy = proxy_for(url, platform.proxies)
+    if proxy is not None:
+        host, port = proxy.address
+        return host, port, proxy.scheme == "https"
     parts = urlsplit(url)
-    if proxy_configured(environ):
-        names = (
-            ("HTTPS_PROXY", "ALL_PROXY") if parts.scheme == "https" else ("HTTP_PROXY", "ALL_PROXY")
-        )
-        for name in names:
-            proxy = environ.get(name) or environ.get(name.lower())
-            if proxy:
-                parts = urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-                break
     tls = parts.scheme == "https"
     if not parts.hostname:
         raise RuntimeError("the platform URL has no host")
@@ -68,14 +62,13 @@ async def _open_network(host: str, port: int, tls: bool) -> trio.abc.Stream:
 
 async def check_platform_reachable(
     platform: PlatformConfig,
-    environ: Mapping[str, str],
     timeout: float,
     *,
     open_stream: StreamOpener | None = None,
 ) -> None:
     """``_network_check``: one connection (and TLS handshake) within *timeout* seconds
     (``RUNPOD_NETWORK_CHECK_TIMEOUT``), closed at once."""
-    host, port, tls = dial_target(platform, environ)
+    host, port, tls = dial_target(platform)
     where = f"{host}:{port}{' (TLS)' if tls else ''}"
     opener = _open_network if open_stream is None else open_stream
     with trio.move_on_after(timeout) as scope:

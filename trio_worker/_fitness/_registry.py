@@ -5,7 +5,10 @@ See docs/reference.md, "Fitness checks". The reference keeps its registry in a m
 here each check gets ``Timings.fitness_check_timeout``, and a check that hangs fails once it
 is spent. A sync check runs in a thread of its own that is abandoned at the bound (the
 process exits soon after, through ``os._exit``, so the thread cannot hold it); an async one
-runs on the worker's backend, as the handler would.
+runs on the worker's backend, as the handler would, and one that swallows its cancellation
+is left behind a second after its bound, as on asyncio (on trio it has a run of its own,
+:meth:`~trio_worker._backends.TrioBackend.await_result`). Whatever a check raises fails it,
+a ``BaseException`` of its own included; the processes it leaves running are ended.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import trio
 from .._backends import makes_coroutine
 from .._errors import safe_str
 from .._exceptions import AsyncioUnderTrio, ConfigurationError
-from .._handlers import ThreadWaits
+from .._handlers import ThreadWaits, is_cancellation
 from .._threads import in_thread
+from ._children import descendants, end_left_behind
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
@@ -125,11 +129,21 @@ def warn_about_runpod_checks() -> None:
 
 
 async def run_checks(checks: Sequence[Check], *, bound: float, backend: Backend) -> Failure | None:
-    """Run *checks* in order until one fails; that failure, or None when all passed."""
+    """Run *checks* in order until one fails; that failure, or None when all passed.
+
+    The processes a user's check started and left running are ended once it is over,
+    whatever its outcome (``_children``); the built-in checks end their own.
+    """
     waits = ThreadWaits()
     for check in checks:
         started = time.perf_counter()
-        failure = await run_check(check, bound=bound, backend=backend, waits=waits)
+        before = set() if check.native else descendants()
+        try:
+            failure = await run_check(check, bound=bound, backend=backend, waits=waits)
+        finally:
+            if not check.native:
+                with trio.CancelScope(shield=True):
+                    await end_left_behind(check.name, before)
         if failure is not None:
             return failure
         elapsed = (time.perf_counter() - started) * 1000
@@ -145,18 +159,22 @@ async def run_check(
     Raises:
         ConfigurationError: an async check ran asyncio code on the trio backend.
     """
-    error: Exception | None = None
+    error: BaseException | None = None
     with trio.move_on_after(bound) as scope:
         try:
             await _call(check, backend, waits)
-        except Exception as exc:
+        except BaseException as exc:
+            # Whatever the check raises is its verdict (SystemExit, a BaseException of its
+            # own), but a cancellation (the bound's, or the worker's) and an interrupt.
+            if is_cancellation(exc) or isinstance(exc, KeyboardInterrupt):
+                raise
             error = exc
     if scope.cancelled_caught:
         # Only our bound: a TimeoutError the check raised itself is its own failure below.
         return Failure(check.name, f"FitnessCheckTimeout: did not finish within {bound:g}s")
     if error is None:
         return None
-    if not check.native:
+    if not check.native and isinstance(error, Exception):
         explained = backend.explain(error)
         if isinstance(explained, AsyncioUnderTrio):
             # The check's code, not the host: no unhealthy ping, or every host of the

@@ -27,6 +27,7 @@ import trio
 from .._config import MAX_ANSWER_BYTES, MAX_TAKE_ANSWER_BYTES
 from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
+from ._connection import PipeliningUnsupported, ServerKinds
 from ._http import HttpResponse, PipeliningBackend, make_backend
 from ._wire import TakeResponse, parse_oversized_take, parse_stop, parse_take
 
@@ -73,6 +74,9 @@ class PlatformClient:
             make_backend,
             open_stream=open_stream,
             connect_timeout=timings.connect_timeout,
+            environ=config.proxies,
+            # The take's first answer shows what the platform is before a chunk goes.
+            servers=ServerKinds(),
         )
         self.polls = backend(headers, max_connections=4)
         # A report's answer matters by its status (and Retry-After) alone: of its body only
@@ -162,7 +166,10 @@ class PlatformClient:
 
         A platform that answers part of a batch and then nothing within the attempt's
         timeout does not take pipelined requests (a proxy in the way, say): pipelining is
-        then turned off for good, with a warning, and chunks go one at a time.
+        then turned off for good, with a warning, and chunks go one at a time. So it is,
+        with one line, when the client finds the platform cannot take them
+        (:class:`PipeliningUnsupported`: HTTP/1.0, answers delimited by the close, a
+        proxy); then nothing behind the answered prefix was sent.
         """
         backend = self._pipelining
         if backend is None:
@@ -172,6 +179,14 @@ class PlatformClient:
         with trio.move_on_after(bound) as scope:
             try:
                 await backend.pipeline("POST", requests, answers)
+            except PipeliningUnsupported as exc:
+                self._pipelining = None
+                log.info("stream chunks now go one request at a time: %s", exc)
+                return answers
+            except AnswerTooLarge as exc:
+                # The answer's status is known; the round ends with it (the rest of its
+                # body was not read, so the connection is gone).
+                answers.append(answer_too_large(exc))
             except TransportError as exc:
                 log.debug(
                     "%d of %d pipelined stream chunks answered: %s",
@@ -211,6 +226,8 @@ class PlatformClient:
         with trio.CancelScope(deadline=trio.current_time() + bound) as scope:
             try:
                 response = await self._reports.request("POST", url, body)
+            except AnswerTooLarge as exc:
+                response = answer_too_large(exc)
             except TransportError as exc:
                 outcome.last_error = f"{type(exc).__name__}: {exc}"
                 return None
@@ -236,6 +253,13 @@ class ReportOutcome:
     last_error: str | None = None
     status: int | None = None  # the last HTTP status answered, if any
     retry_after: float | None = field(default=None, repr=False)
+
+
+def answer_too_large(exc: AnswerTooLarge) -> HttpResponse:
+    """A report's answer whose body was over the bound, as what matters of it: its status,
+    known from its head (a 413 is refused for good, a 2xx acknowledges the report) and
+    its first bytes. Never its headers: a ``Retry-After`` on it is not waited for."""
+    return HttpResponse(exc.status, {}, exc.head)
 
 
 def asked_pause(response: HttpResponse) -> float | None:

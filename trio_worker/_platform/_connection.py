@@ -51,6 +51,12 @@ class StaleConnection(Exception):
     """A kept-alive connection the server had already closed; retry on a fresh one."""
 
 
+class PipeliningUnsupported(TransportError):
+    """The platform cannot take pipelined requests on this client: it answers in HTTP/1.0
+    or delimits answers by closing, or it is reached through a proxy. Raised before the
+    requests it leaves unanswered are sent, so none of them can be processed unawares."""
+
+
 @dataclass
 class AnswerProgress:
     """What the answer being read has received so far."""
@@ -68,6 +74,9 @@ class Connection:
     phase: Phase = Phase.IDLE
     exchanges: int = 0  # requests (or pipelined rounds) written on it, the current included
     answered: bool = False  # a byte of the current exchange's answers arrived
+    # Why its server is no persistent HTTP/1.1 one (HTTP/1.0, or an answer delimited by
+    # the close), once an answer showed it: its origin is never pipelined to again.
+    not_persistent: str | None = None
     answer: AnswerProgress = field(default_factory=AnswerProgress)
     # The quiet check's socket and its poll object, found and registered once: the
     # check runs before every reuse (an open socket keeps its descriptor).
@@ -182,8 +191,53 @@ class Connection:
         return TransportError(f"malformed answer from {where}: {text}")
 
 
+class ServerKinds:
+    """What each origin's answers showed of its server: a persistent HTTP/1.1 one
+    (pipelined requests are safe), or not (HTTP/1.0, or an answer delimited by the close:
+    never pipelined to). Shared by a worker's clients, so the take's first answer tells the
+    stream chunks' client what the platform is before any chunk goes."""
+
+    def __init__(self) -> None:
+        self._persistent: set[Origin] = set()
+        self._serial: dict[Origin, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<ServerKinds {len(self._persistent)} persistent, {len(self._serial)} not>"
+
+    def pipelines(self, origin: Origin) -> bool:
+        """Whether *origin* has shown it keeps HTTP/1.1 connections (and never the opposite)."""
+        return origin in self._persistent
+
+    def refusal(self, origin: Origin) -> PipeliningUnsupported | None:
+        """The error for a round to *origin*, when it must not be pipelined to."""
+        reason = self._serial.get(origin)
+        return None if reason is None else PipeliningUnsupported(f"{origin.where} {reason}")
+
+    def note(self, connection: Connection, *, answered: bool) -> None:
+        """Learn from the answers *connection* read in its exchange (all of them when
+        *answered*, else those before it failed)."""
+        origin = connection.origin
+        if connection.not_persistent is not None:
+            self._serial.setdefault(origin, connection.not_persistent)
+            self._persistent.discard(origin)
+        elif answered and origin not in self._serial:
+            self._persistent.add(origin)
+
+
 def new_protocol() -> h11.Connection:
     return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEADER_BYTES)
+
+
+def fresh_protocol(trailing: tuple[bytes | bytearray, bool]) -> h11.Connection:
+    """A new h11 connection that has received *trailing* (h11's ``trailing_data`` of the
+    one it replaces: the bytes past the last answer, and whether the server closed)."""
+    protocol = new_protocol()
+    data, closed = trailing
+    if data:
+        protocol.receive_data(bytes(data))
+    if closed:
+        protocol.receive_data(b"")
+    return protocol
 
 
 def head_too_large(origin: Origin) -> TransportError:

@@ -36,6 +36,8 @@ from ._http import make_backend
 from ._request import check_headers
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._http import HttpBackend
 
 log = logging.getLogger("trio_worker")
@@ -145,8 +147,19 @@ class Pinger:
 class HeartbeatThread:
     """Pings from a daemon thread, on a trio loop of its own, until :meth:`stop`."""
 
-    def __init__(self, url: str, api_key: str, interval: float, held: HeldIds) -> None:
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        interval: float,
+        held: HeldIds,
+        *,
+        proxies: Mapping[str, str] | None = None,
+    ) -> None:
+        """*proxies*: the proxy variables to follow (``PlatformConfig.proxies``; by
+        default, the process's environment)."""
         self._headers = {"Authorization": api_key}
+        self._proxies = proxies
         check_headers(self._headers)
         self._pinger = Pinger(url, interval, held)
         self._stopping = threading.Event()
@@ -165,7 +178,7 @@ class HeartbeatThread:
 
     def make_backend(self) -> HttpBackend:
         """The thread's own client (its own connection): one per trio loop."""
-        return make_backend(self._headers)
+        return make_backend(self._headers, environ=self._proxies)
 
     def start(self) -> None:
         self._thread.start()

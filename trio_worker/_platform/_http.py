@@ -9,8 +9,9 @@ throughput docs/design.md §11 asks for. :class:`LeanHttp` carries every platfor
 parser and one connection-reuse rule (:mod:`._lean`).
 
 :class:`~._proxy.HttpxHttp` keeps httpx for the one thing the lean client does not do: a
-proxy (when a ``*_PROXY`` variable is set); :mod:`._proxy` is imported only then, so a
-worker with no proxy never imports httpx. Both raise the package's
+proxy, for the origins the ``*_PROXY`` variables send through one (:mod:`._routes`, by the
+one reading of them, :mod:`trio_worker._proxies`); :mod:`._proxy` is imported only then, so
+a worker with no proxy never imports httpx. Both raise the package's
 :class:`~trio_worker.TransportError` for every failure below HTTP, so callers handle one
 family and never see ``httpx`` or ``h11``. Both read at most ``max_body`` bytes of an
 answer (docs/protocol.md §2.0).
@@ -28,11 +29,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
+from .._proxies import any_proxy_configured
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT
-from ._connection import RECEIVE_SIZE
+from ._connection import RECEIVE_SIZE, ServerKinds
 from ._lean import LeanHttp, StreamOpener
 from ._reading import HttpResponse
 from ._request import check_headers
+from ._routes import ProxyRoutes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -48,11 +51,7 @@ __all__ = [
     "PipeliningBackend",
     "StreamOpener",
     "make_backend",
-    "proxy_configured",
 ]
-
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-
 
 #: Wraps a backend (the virtual-time suite records every request the worker makes).
 BackendWrapper: TypeAlias = Callable[["HttpBackend"], "HttpBackend"]
@@ -71,7 +70,8 @@ class HttpBackend(Protocol):
 @runtime_checkable
 class PipeliningBackend(HttpBackend, Protocol):
     """A backend that can write several requests at once on one connection (the lean
-    client; httpx cannot)."""
+    client, and the routes over it; httpx cannot). It raises
+    :class:`~._connection.PipeliningUnsupported` when the platform cannot take them."""
 
     async def pipeline(
         self,
@@ -86,11 +86,6 @@ class PipeliningBackend(HttpBackend, Protocol):
         ...
 
 
-def proxy_configured(environ: Mapping[str, str]) -> bool:
-    """True when a proxy variable is set: then only httpx knows how to reach the platform."""
-    return any(environ.get(name) or environ.get(name.lower()) for name in _PROXY_VARIABLES)
-
-
 def make_backend(
     headers: Mapping[str, str],
     *,
@@ -99,20 +94,31 @@ def make_backend(
     environ: Mapping[str, str] | None = None,
     max_connections: int | None = None,
     keep_body: int | None = None,
+    servers: ServerKinds | None = None,
 ) -> HttpBackend:
-    """The lean client, unless a proxy must be honoured (then httpx, which knows how).
+    """The lean client; with a proxy variable set, one that routes each origin direct
+    (the lean client) or through its proxy (httpx, which knows how):
+    :class:`._routes.ProxyRoutes`, by the rules of :func:`trio_worker._proxies.proxy_for`.
 
     An injected *open_stream* wins over a proxy variable: the streams it opens are the
     network. *keep_body*: bytes of each answer's body kept (the rest read and dropped).
+    *servers*: what the origins' answers showed, shared by the clients of one worker.
     """
     check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
-    if open_stream is not None or not proxy_configured(env):
+    if open_stream is not None or not any_proxy_configured(env):
         return LeanHttp(
-            headers, open_stream=open_stream, connect_timeout=connect_timeout, keep_body=keep_body
+            headers,
+            open_stream=open_stream,
+            connect_timeout=connect_timeout,
+            keep_body=keep_body,
+            servers=servers,
         )
-    # Here, once per client and only behind a proxy: httpx costs a worker that never
-    # uses it ~30 ms of start-up (python -X importtime).
-    from ._proxy import proxy_backend
-
-    return proxy_backend(headers, connect_timeout, max_connections, keep_body)
+    return ProxyRoutes(
+        headers,
+        env,
+        connect_timeout=connect_timeout,
+        max_connections=max_connections,
+        keep_body=keep_body,
+        servers=servers,
+    )

@@ -17,14 +17,14 @@ bound, ``connect_timeout``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import h11
 import trio
 
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
 from .._exceptions import TransportError
-from ._connection import Connection, StaleConnection
+from ._connection import Connection, ServerKinds, StaleConnection
 from ._reading import Bounds, HttpResponse, read_answers
 from ._request import Origin, RequestHeads, message
 from ._socket import LeanSocketStream
@@ -32,7 +32,7 @@ from ._tls import open_tls_stream, trust_context
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
 #: ``(host, port, tls) -> stream``: how the lean client gets a connection.
 StreamOpener: TypeAlias = Callable[[str, int, bool], Awaitable[trio.abc.Stream]]
@@ -54,12 +54,15 @@ class LeanHttp:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         ssl_context: ssl.SSLContext | None = None,
         keep_body: int | None = None,
+        servers: ServerKinds | None = None,
     ) -> None:
         """*keep_body*: bytes of each answer's body kept (see :meth:`round`), for a client
-        whose answers matter by their status only."""
+        whose answers matter by their status only. *servers*: what the origins' answers
+        showed, shared with the worker's other clients (else this client's own)."""
         self._heads = RequestHeads(headers)
         self._keep_body = keep_body
         self._idle: dict[Origin, list[Connection]] = {}
+        self._servers = ServerKinds() if servers is None else servers
         self._ssl = ssl_context
         self._open_stream = self._open_network if open_stream is None else open_stream
         self._connect_timeout = connect_timeout
@@ -70,7 +73,7 @@ class LeanHttp:
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}
-        await _close_all([c for connections in idle.values() for c in connections])
+        await close_all([c for connections in idle.values() for c in connections])
 
     async def request(
         self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
@@ -120,9 +123,16 @@ class LeanHttp:
         which requests were answered: the rest may or may not have been processed, as for
         a single request whose answer never came.
 
+        Several requests share a write only once the origin has answered as a persistent
+        HTTP/1.1 server does (any earlier answer of the worker's clients counts): until
+        then the first goes alone, and the rest follow once its answer has shown it.
+
         Raises:
             TransportError: for any failure below HTTP; *answers* then holds the answers
                 read before it, and the connection is closed.
+            PipeliningUnsupported: the origin does not keep HTTP/1.1 connections (it
+                answered in HTTP/1.0, or delimited an answer by closing): *answers* holds
+                the answers to the requests sent, and the rest were not sent.
         """
         # The stream yields only when it has to wait (._socket): a request whose deadline
         # passed before it started must not go out.
@@ -130,7 +140,7 @@ class LeanHttp:
         if len(requests) == 1:
             url, body = requests[0]
             origin, head = self._heads.head(method, url)
-            wire = message(head, body)
+            messages = [message(head, body)]
         else:
             # One job's batch repeats its URL: each distinct URL is split and checked once.
             heads = {url: self._heads.head(method, url) for url, _ in requests}
@@ -141,42 +151,74 @@ class LeanHttp:
                         f"cannot pipeline requests to {origin.where} and {other.where} "
                         "on one connection"
                     )
-            wire = b"".join(message(heads[url][1], body) for url, body in requests)
+            refusal = self._servers.refusal(origin)
+            if refusal is not None:
+                raise refusal
+            messages = [message(heads[url][1], body) for url, body in requests]
         keep = self._keep_body if keep_body is None else keep_body
         keep = max_body if keep is None else min(keep, max_body)
         bounds = Bounds(max_body, keep)
-        while True:
+        sent = 0
+        while sent < len(messages):
             connection = await self._connection(origin)
-            connection.begin_exchange()
+            # Until the origin has answered as a persistent HTTP/1.1 server does, a write
+            # carries one request. One that is not (HTTP/1.0, answers delimited by the
+            # close) would process what else a write put in its buffer and answer none of
+            # it, and each request sent again would be processed twice.
+            count = len(messages) - sent
+            if count > 1 and not self._servers.pipelines(origin):
+                count = 1
+            wire = messages[sent] if count == 1 else b"".join(messages[sent : sent + count])
+            if not await self._exchange(connection, method, wire, count, answers, bounds):
+                continue  # stale: nothing of it was processed, it goes again
+            sent += count
+            if sent < len(messages) and (refusal := self._servers.refusal(origin)):
+                raise refusal
+
+    async def _exchange(
+        self,
+        connection: Connection,
+        method: str,
+        wire: bytes,
+        count: int,
+        answers: list[HttpResponse],
+        bounds: Bounds,
+    ) -> bool:
+        """Write *wire* (*count* requests) on *connection* and read their answers into
+        *answers*; False when the connection turned out stale (closed, nothing sent)."""
+        connection.begin_exchange()
+        try:
             try:
-                try:
-                    await connection.stream.send_all(wire)
-                    clean = await read_answers(connection, method, len(requests), answers, bounds)
-                except (
-                    trio.BrokenResourceError,
-                    trio.ClosedResourceError,
-                    OSError,
-                    h11.ProtocolError,
-                ) as exc:
-                    raise connection.failure(exc) from exc
-            # Connection.aclose closes the stream even when cancelled (it only raises
-            # afterwards), so no connection outlives a cancelled or failed request and
-            # none needs a shield.
-            except StaleConnection:
-                # The server closed it while it sat idle; nothing was processed, so the
-                # request goes again on a fresh connection.
-                await connection.aclose()
-                continue
-            except BaseException:
-                await connection.aclose()
-                raise
-            if clean and connection.end_exchange():
-                self._idle.setdefault(origin, []).append(connection)
-            else:
-                # A cancellation pending here loses the answer, as it would have one
-                # checkpoint earlier while its last bytes were read.
-                await connection.aclose()
-            return
+                await connection.stream.send_all(wire)
+                clean = await read_answers(connection, method, count, answers, bounds)
+            except (
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                OSError,
+                h11.ProtocolError,
+            ) as exc:
+                raise connection.failure(exc) from exc
+        # Connection.aclose closes the stream even when cancelled (it only raises
+        # afterwards), so no connection outlives a cancelled or failed request and
+        # none needs a shield.
+        except StaleConnection:
+            # The server closed it while it sat idle; nothing was processed, so the
+            # request goes again on a fresh connection.
+            await connection.aclose()
+            return False
+        except BaseException:
+            self._servers.note(connection, answered=False)
+            await connection.aclose()
+            raise
+        self._servers.note(connection, answered=True)
+        # A server that is no persistent HTTP/1.1 one gets one request per connection.
+        if clean and connection.end_exchange() and connection.not_persistent is None:
+            self._idle.setdefault(connection.origin, []).append(connection)
+        else:
+            # A cancellation pending here loses the answer, as it would have one
+            # checkpoint earlier while its last bytes were read.
+            await connection.aclose()
+        return True
 
     async def _connection(self, origin: Origin) -> Connection:
         idle = self._idle.get(origin)
@@ -210,12 +252,16 @@ class LeanHttp:
         return await open_tls_stream(host, port, self.ssl_context)
 
 
-async def _close_all(connections: list[Connection]) -> None:
-    """Close every connection, even when cancelled part-way: each close still happens,
-    and the cancellation is raised once they all have."""
-    for index, connection in enumerate(connections):
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def close_all(closables: Sequence[Closable]) -> None:
+    """Close every one (connections, clients), even when cancelled part-way: each close
+    still happens, and the cancellation is raised once they all have."""
+    for index, closable in enumerate(closables):
         try:
-            await connection.aclose()
+            await closable.aclose()
         except BaseException:
-            await _close_all(connections[index + 1 :])
+            await close_all(closables[index + 1 :])
             raise

@@ -28,7 +28,12 @@ import h11
 from .._config import LIMITS
 from .._exceptions import TransportError
 from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT, NOT_SIMPLE, parse_simple_answer
-from ._connection import RECEIVE_SIZE, StaleConnection, head_too_large, new_protocol
+from ._connection import (
+    RECEIVE_SIZE,
+    StaleConnection,
+    fresh_protocol,
+    head_too_large,
+)
 from ._request import check_size
 
 if TYPE_CHECKING:
@@ -140,23 +145,32 @@ async def _read_answers_with_h11(
     (and has seen no request yet on this connection's current cycle)."""
     where = connection.origin.where
     clean = True
+    keeps_alive = False  # the last answer was HTTP/1.0 with Connection: keep-alive
     for index in range(first, count):
         protocol = connection.protocol
         if protocol.our_state is not h11.IDLE:  # not the first on this h11 connection
-            if protocol.our_state is not h11.DONE or protocol.their_state is not h11.DONE:
+            if protocol.our_state is h11.DONE and protocol.their_state is h11.DONE:
+                # Unlike at the end of an exchange, bytes past the answer are expected
+                # here: they are the next answers.
+                protocol.start_next_cycle()
+            elif keeps_alive:
+                # h11 closes after any HTTP/1.0 answer; this server said it goes on, and
+                # the requests behind were written: their answers are read, not taken
+                # for lost and sent again (it has processed them). A fresh h11 takes
+                # what follows the answer.
+                connection.protocol = protocol = fresh_protocol(protocol.trailing_data)
+            else:
                 # Connection: close (or HTTP/1.0) on the last answer: the server takes
                 # no further request on this connection.
                 raise TransportError(
                     f"{where} closed the connection after {index} of {count} pipelined requests"
                 )
-            # Unlike at the end of an exchange, bytes past the answer are expected here:
-            # they are the next answers.
-            protocol.start_next_cycle()
         # The bounds on an answer's head count this answer's bytes only.
         connection.begin_answer(received=len(protocol.trailing_data[0]))
         protocol.send(_h11_request(method))
         protocol.send(_END)
         head = await _read_head(connection)
+        keeps_alive = _note_persistence(connection, method, head)
         answer = await _read_body(connection, method, head, bounds)
         answers.append(answer)
         if answer.status in (204, 304) and index + 1 < count and _declares_body(answer.headers):
@@ -165,6 +179,23 @@ async def _read_answers_with_h11(
     # A 204 or 304 last in the exchange that carries a body leaves its bytes behind it:
     # end_exchange sees them if they came with the answer, the quiet check if later.
     return connection.end_exchange() and clean
+
+
+def _note_persistence(connection: Connection, method: str, head: h11.Response) -> bool:
+    """Record on *connection* an answer no persistent HTTP/1.1 server gives; whether it
+    is HTTP/1.0 saying ``Connection: keep-alive`` with its length stated (its server
+    reads the next request on this connection, though h11 closes it)."""
+    names = {name for name, _ in head.headers}
+    framed = b"content-length" in names or b"transfer-encoding" in names
+    bodiless = method == "HEAD" or head.status_code in (204, 304)
+    if head.http_version != b"1.1":
+        connection.not_persistent = f"answers in HTTP/{head.http_version.decode()}"
+        tokens = b",".join(value for name, value in head.headers if name == b"connection")
+        keep_alive = b"keep-alive" in {token.strip().lower() for token in tokens.split(b",")}
+        return keep_alive and (framed or bodiless)
+    if not (framed or bodiless):
+        connection.not_persistent = "ends its answers by closing the connection"
+    return False
 
 
 def _declares_body(headers: dict[str, str]) -> bool:
@@ -198,8 +229,7 @@ async def _skip_declared_body(connection: Connection, headers: dict[str, str]) -
     if len(data) < size:
         raise TransportError(f"{where} closed the connection before answering in full")
     # h11 cannot drop bytes from its buffer: a fresh one takes what follows the body.
-    connection.protocol = new_protocol()
-    connection.protocol.receive_data(bytes(data[size:]))
+    connection.protocol = fresh_protocol((data[size:], eof))
     return True
 
 
