@@ -173,7 +173,9 @@ def check_shutdown(run: Run) -> list[str]:
     # The gate is the worker's: it opens when the worker has seen the initializer return.
     # On trio that is the same step; on the asyncio backend the initializer's task ends on
     # the loop first, and a SIGTERM in between may still find the gate closed (the
-    # `phases` checker holds the gate to opening only after the return).
+    # `phases` checker holds the gate to opening only after the return). A release is
+    # decided when it is requested (design §9): one requested while the gate was closed
+    # stands, even when the initializer returns before the job's task has unwound.
     opened = next((c for c in rec.phases if c.event is PhaseEvent.INIT_OK), None)
     for job in views(run).values():
         if job.final is not S.RELEASED:
@@ -183,7 +185,8 @@ def check_shutdown(run: Run) -> list[str]:
             out.append(f"§9 {job.id}: released without a shutdown request")
         # A job waiting for a handler slot (§4 I7) is released like one at the gate.
         waited = any(t.after is S.WAITING_FOR_SLOT for t in job.transitions)
-        if opened is not None and opened.seq < release.seq and not waited:
+        decided = next((t for t in job.transitions if t.after is S.RELEASING), release)
+        if opened is not None and opened.seq < decided.seq and not waited:
             out.append(f"§9 {job.id}: released although the gate opened at {opened.time:g}")
         if job.id in rec.handlers:
             out.append(f"§9 {job.id}: released after its handler started")
