@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trio_worker._intake import StopMemory
-from trio_worker._lifecycle import JobEvent, Ledger
+from trio_worker._job import StopMemory
+from trio_worker._state import JobEvent, Ledger
 
 
 def measure(n: int) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Render the state diagrams in docs/how-it-works.md from the tables in trio_worker._lifecycle.
+"""Render the state diagrams in docs/how-it-works.md from the tables in trio_worker._state.
 
 Each diagram sits between ``<!-- generated: NAME (scripts/state_diagrams.py) -->`` and
 ``<!-- end generated -->``; this script rewrites what is between them. ``--check`` only
@@ -14,10 +14,43 @@ import re
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from trio_worker._lifecycle import job_diagram, phase_diagram
+from trio_worker._state import PHASE_TRANSITIONS, TRANSITIONS, JobState, WorkerPhase
+
+if TYPE_CHECKING:
+    import enum
+    from collections.abc import Iterable, Mapping
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "how-it-works.md"
+
+
+def mermaid_diagram(
+    table: Mapping[tuple[Any, Any], enum.Enum],
+    *,
+    start: enum.Enum,
+    ends: Iterable[enum.Enum],
+    entry: str,
+) -> str:
+    """*table* as a Mermaid state diagram, one arrow per row, in the table's order."""
+    lines = ["```mermaid", "stateDiagram-v2", f"    [*] --> {start.name} : {entry}"]
+    lines += [f"    {a.name} --> {b.name} : {e.value}" for (a, e), b in table.items()]
+    lines += [f"    {state.name} --> [*]" for state in ends]
+    return "\n".join([*lines, "```"])
+
+
+def job_diagram() -> str:
+    ends = [state for state in JobState if state.terminal]
+    return mermaid_diagram(TRANSITIONS, start=JobState.TAKEN, ends=ends, entry="take answer parsed")
+
+
+def phase_diagram() -> str:
+    ends = [WorkerPhase.INIT_FAILED, WorkerPhase.DRAINING]
+    return mermaid_diagram(
+        PHASE_TRANSITIONS, start=WorkerPhase.INITIALIZING, ends=ends, entry="serve() starts"
+    )
+
+
 DIAGRAMS = {"job states": job_diagram, "worker phases": phase_diagram}
 
 

@@ -17,8 +17,9 @@ from tests.backends import (
     run_on_asyncio_host,
     sleep_for,
 )
+from trio_worker import Timings as _Timings
 from trio_worker._asyncio_host import await_on_asyncio
-from trio_worker._handlers import ThreadWaits
+from trio_worker._scopes import Scopes
 
 
 @BOTH_BACKENDS
@@ -27,7 +28,7 @@ async def test_a_long_sleep_takes_virtual_time_only(
 ) -> None:
     started, wall = trio.current_time(), time.monotonic()
     if backend == "asyncio":
-        await await_on_asyncio(asyncio.sleep(3600), waits=ThreadWaits())
+        await await_on_asyncio(asyncio.sleep(3600), waits=Scopes(_Timings()))
     else:
         await trio.sleep(3600)
     assert trio.current_time() - started == pytest.approx(3600)
@@ -54,7 +55,7 @@ async def test_trio_and_asyncio_timers_fire_in_virtual_order(
     start = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio_side)
-        await await_on_asyncio(asyncio_side(), waits=ThreadWaits())
+        await await_on_asyncio(asyncio_side(), waits=Scopes(_Timings()))
     assert [(side, round(at - start, 6)) for side, at in fired] == [
         ("asyncio", 3.0),
         ("trio", 4.0),
@@ -76,7 +77,7 @@ async def test_no_jump_while_asyncio_has_work_queued(
         return 2_000
 
     with trio.move_on_after(1) as scope:
-        assert await await_on_asyncio(busy(), waits=ThreadWaits()) == 2_000
+        assert await await_on_asyncio(busy(), waits=Scopes(_Timings())) == 2_000
     assert not scope.cancelled_caught
     assert trio.current_time() == 0
 
@@ -87,7 +88,7 @@ async def test_asyncio_timeouts_run_on_the_virtual_clock(
 ) -> None:
     started = trio.current_time()
     with pytest.raises(TimeoutError):
-        await await_on_asyncio(asyncio.wait_for(asyncio.sleep(100), 7), waits=ThreadWaits())
+        await await_on_asyncio(asyncio.wait_for(asyncio.sleep(100), 7), waits=Scopes(_Timings()))
     assert trio.current_time() - started == pytest.approx(7)
 
 
@@ -98,7 +99,7 @@ async def test_sleep_for_picks_the_backends_own_sleep(
     sleep = sleep_for(backend)
     coroutine = sleep(1)
     if backend == "asyncio":
-        await await_on_asyncio(coroutine, waits=ThreadWaits())
+        await await_on_asyncio(coroutine, waits=Scopes(_Timings()))
     else:
         await coroutine
     assert trio.current_time() == pytest.approx(1)

@@ -2,8 +2,8 @@
 
 First, lives of a worker written out step by step, in the manner of h11's
 ``test_state.py``: the worker phase and a few held jobs are driven by hand, and at each
-turn the decision of ``trio_worker._decisions`` is asked, checked, and carried out the way
-the driver carries it out (``trio_worker/_driver.py``). Then each decision's own table of
+turn the decision of ``trio_worker._state`` is asked, checked, and carried out the way
+the driver carries it out (``trio_worker/_job.py``). Then each decision's own table of
 hand-written cases, the precedence between them included.
 """
 
@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import pytest
 
-from trio_worker._decisions import (
+from trio_worker import Timings
+from trio_worker._state import (
     ADMISSION_EVENTS,
+    TRANSITIONS,
     Admission,
+    HeldJob,
+    JobEvent,
+    JobState,
+    Ledger,
     Outcome,
+    PhaseEvent,
+    WorkerPhase,
+    WorkerState,
     on_admit,
     on_cancelled,
     on_delivered,
     on_stuck,
     releases_at_shutdown,
-)
-from trio_worker._lifecycle import (
-    TRANSITIONS,
-    HeldJob,
-    JobEvent,
-    JobState,
-    Ledger,
-    PhaseEvent,
-    Phases,
-    WorkerPhase,
 )
 
 S = JobState
@@ -50,7 +49,7 @@ class Worker:
     """The worker's two machines, driven by hand; every decision asked as the driver does."""
 
     def __init__(self) -> None:
-        self.phases = Phases()
+        self.phases = WorkerState(Timings())
         self.ledger = Ledger()
         self.stops: set[str] = set()
 

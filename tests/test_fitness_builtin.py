@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from trio_worker import ConfigurationError, Timings
+from trio_worker import Timings as _Timings
 from trio_worker._backends import BACKENDS
 from trio_worker._config import Settings, platform_from_env
 from trio_worker._fitness import FitnessCheckFailed, check_fitness
@@ -25,7 +26,7 @@ from trio_worker._fitness import _gpu as gpu
 from trio_worker._fitness import _registry as registry
 from trio_worker._fitness._builtin import FitnessConfig, builtin_checks, check_disk, check_memory
 from trio_worker._fitness._reach import dial_target
-from trio_worker._handlers import ThreadWaits
+from trio_worker._scopes import Scopes
 from trio_worker.testing import FakePlatform, memory_network
 
 BASE = "http://platform.test:8080/v2/ep"
@@ -317,7 +318,7 @@ async def test_a_platform_that_never_answers_fails_after_the_network_timeout(
             reach,
             bound=Timings().fitness_check_timeout,
             backend=BACKENDS["trio"],
-            waits=ThreadWaits(),
+            waits=Scopes(_Timings()),
         )
     assert failure is not None
     assert failure.reason == (

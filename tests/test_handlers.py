@@ -15,16 +15,17 @@ import pytest
 import trio
 import trio.testing
 
+from trio_worker import Timings as _Timings
 from trio_worker._backends import BACKENDS
 from trio_worker._handlers import (
     HandlerKind,
     Stream,
-    ThreadWaits,
     call_handler,
     check_cancelled,
     handler_kind,
     run_in_thread,
 )
+from trio_worker._scopes import Scopes
 
 from .backends import BOTH_BACKENDS, sleep_for
 
@@ -183,7 +184,7 @@ async def call(
         fn,
         handler_kind(fn),
         JOB if job is None else job,
-        ThreadWaits(),
+        Scopes(_Timings()),
         backend=BACKENDS[backend],
     )
 
@@ -357,7 +358,7 @@ async def test_stream_runs_each_sync_generator_step_in_a_thread() -> None:
             yield i
         steps.append(threading.get_ident())
 
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     assert await collect(Stream(gen(), waits)) == [0, 1, 2]
     assert len(steps) == 4
     assert loop_ident not in steps
@@ -372,13 +373,13 @@ async def test_stream_iterates_async_generators_on_the_loop() -> None:
             seen.append(threading.current_thread())
             yield {"i": i}
 
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     assert await collect(Stream(agen(), waits)) == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert seen == [loop_thread] * 3
 
 
 async def test_stream_iterates_a_plain_iterator_and_yields_none_chunks() -> None:
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     assert await collect(Stream(iter([None, 0, ""]), waits)) == [None, 0, ""]
 
 
@@ -387,7 +388,7 @@ async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> Non
         yield 1
         raise KeyError("mid-stream")
 
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     got: list[object] = []
 
     async def consume() -> None:
@@ -409,7 +410,7 @@ async def test_stream_closes_an_async_source_when_abandoned_early() -> None:
         finally:
             events.append("closed")
 
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), waits)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
@@ -426,7 +427,7 @@ async def test_stream_closes_a_sync_source_when_abandoned_early() -> None:
             events.append("closed")
 
     source = gen()
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, waits)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
@@ -444,7 +445,7 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
         finally:
             release.wait(TIMEOUT)  # a cleanup that would hang
 
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     stream = Stream(gen(), waits, close_bound=2.5)
     chunks = cast("AsyncGenerator[object, None]", aiter(stream))
     async with contextlib.aclosing(chunks):
@@ -455,7 +456,7 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
 
 
 def test_stream_is_an_async_iterable() -> None:
-    stream = Stream(iter([]), ThreadWaits())
+    stream = Stream(iter([]), Scopes(_Timings()))
     assert isinstance(aiter(stream), AsyncIterator)
 
 
@@ -510,7 +511,7 @@ async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() ->
         finally:
             returned.set()
 
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     results: list[object] = []
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
@@ -537,7 +538,7 @@ async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() ->
 
 
 async def test_run_in_thread_returns_and_raises() -> None:
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     assert await run_in_thread(operator.add, 2, 3, waits=waits) == 5
     with pytest.raises(ZeroDivisionError):
         await run_in_thread(operator.truediv, 1, 0, waits=waits)
@@ -547,7 +548,7 @@ async def test_run_in_thread_returns_and_raises() -> None:
 async def test_run_in_thread_runs_more_handlers_at_once_than_trios_default_limit() -> None:
     # Capacity is the ledger's business: 50 sync handlers run together, past the 40
     # threads trio allows by default, or the barrier would never open.
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     together = threading.Barrier(50, timeout=TIMEOUT)
     results: list[int] = []
 
@@ -565,7 +566,7 @@ async def test_run_in_thread_runs_more_handlers_at_once_than_trios_default_limit
 
 
 async def test_cancelled_run_in_thread_waits_for_its_thread() -> None:
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     started = threading.Event()
     release = threading.Event()
     returned = threading.Event()
@@ -602,7 +603,7 @@ async def test_cancelled_run_in_thread_waits_for_its_thread() -> None:
 
 
 async def test_end_by_now_lets_a_cancelled_caller_move_on_without_the_thread() -> None:
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     started = threading.Event()
     release = threading.Event()
     returned = threading.Event()
@@ -642,7 +643,7 @@ async def test_end_by_now_lets_a_cancelled_caller_move_on_without_the_thread() -
 
 
 async def test_end_by_now_without_waiters_is_harmless() -> None:
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     waits.end_by(trio.current_time())
     assert len(waits) == 0
     assert await run_in_thread(str, 7, waits=waits) == "7"
@@ -651,7 +652,7 @@ async def test_end_by_now_without_waiters_is_harmless() -> None:
 async def test_end_by_cuts_waits_already_running_and_those_started_later(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     ended: dict[str, float] = {}
 
     async def wait(name: str, bound: float) -> None:
@@ -674,7 +675,7 @@ async def test_end_by_cuts_waits_already_running_and_those_started_later(
 
 async def test_sequential_sync_calls_reuse_one_kept_thread() -> None:
     """A kept thread serves the next call: no thread is started per job."""
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     first = await run_in_thread(threading.get_ident, waits=waits)
     second = await run_in_thread(threading.get_ident, waits=waits)
     assert first == second != threading.get_ident()
@@ -682,7 +683,7 @@ async def test_sequential_sync_calls_reuse_one_kept_thread() -> None:
 
 async def test_a_thread_left_running_by_a_cancelled_call_is_not_given_new_work() -> None:
     """The abandoned thread is still busy: the next call runs on another thread at once."""
-    waits = ThreadWaits()
+    waits = Scopes(_Timings())
     release, running = threading.Event(), threading.Event()
     busy: list[int] = []
 
@@ -717,7 +718,7 @@ async def test_trio_from_thread_finds_the_loop_inside_a_sync_handler() -> None:
         return trio.from_thread.run_sync(threading.get_ident)
 
     result = await call_handler(
-        handler, HandlerKind.SYNC, JOB, ThreadWaits(), backend=BACKENDS["trio"]
+        handler, HandlerKind.SYNC, JOB, Scopes(_Timings()), backend=BACKENDS["trio"]
     )
     assert result == loop_thread
 
@@ -735,7 +736,7 @@ async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on(
         finally:
             closed_on.append(threading.get_ident())
 
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(gen(), ThreadWaits())))
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(gen(), Scopes(_Timings()))))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 1
         assert await anext(chunks) == 2
@@ -758,7 +759,7 @@ async def test_outcomes_finished_before_the_loop_collects_them_share_one_message
         return index
 
     async def call(index: int) -> None:
-        results.append(await run_in_thread(wait_then_return, index, waits=ThreadWaits()))
+        results.append(await run_in_thread(wait_then_return, index, waits=Scopes(_Timings())))
 
     async with trio.open_nursery() as nursery:
         for index in range(3):
@@ -781,4 +782,4 @@ async def test_a_sync_handler_sees_the_callers_context() -> None:
 
     var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
     var.set("the job's")
-    assert await run_in_thread(var.get, waits=ThreadWaits()) == "the job's"
+    assert await run_in_thread(var.get, waits=Scopes(_Timings())) == "the job's"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trio_worker._intake import Capacity, StopMemory
+from trio_worker._job import Capacity, StopMemory
 
 
 def test_stop_memory_consumes_once() -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_worker._lifecycle import HeldJob, IllegalTransition, JobEvent, JobState, Ledger
+from trio_worker._state import HeldJob, IllegalTransition, JobEvent, JobState, Ledger
 
 S = JobState
 E = JobEvent

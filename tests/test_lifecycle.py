@@ -10,6 +10,7 @@ by some life below, so a new row comes with its story.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from trio_worker._lifecycle import (
+from trio_worker import Timings
+from trio_worker._state import (
     PHASE_TRANSITIONS,
     TRANSITIONS,
     HeldJob,
@@ -25,10 +27,8 @@ from trio_worker._lifecycle import (
     JobEvent,
     JobState,
     PhaseEvent,
-    Phases,
     WorkerPhase,
-    job_diagram,
-    phase_diagram,
+    WorkerState,
 )
 
 S = JobState
@@ -36,6 +36,12 @@ E = JobEvent
 P = WorkerPhase
 PE = PhaseEvent
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "how-it-works.md"
+_SPEC = importlib.util.spec_from_file_location(
+    "state_diagrams", DOCS.parents[1] / "scripts" / "state_diagrams.py"
+)
+assert _SPEC is not None and _SPEC.loader is not None
+diagrams = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(diagrams)
 
 # Every (state, event) a walk below fired successfully.
 WALKED: set[tuple[JobState, JobEvent]] = set()
@@ -306,7 +312,7 @@ PHASE_PATHS: list[tuple[list[PhaseEvent], WorkerPhase, bool]] = [
 def test_phase_paths_and_the_gate(
     events: list[PhaseEvent], phase: WorkerPhase, gate_open: bool
 ) -> None:
-    phases = Phases()
+    phases = WorkerState(Timings())
     for event in events:
         phases.fire(event)
     assert (phases.phase, phases.gate_open) == (phase, gate_open)
@@ -324,7 +330,7 @@ def test_phase_paths_and_the_gate(
 )
 def test_illegal_phase_events(events: list[PhaseEvent], event: PhaseEvent) -> None:
     seen: list[object] = []
-    phases = Phases()
+    phases = WorkerState(Timings())
     for e in events:
         phases.fire(e)
     phases.observers.append(lambda *change: seen.append(change))
@@ -338,7 +344,7 @@ def test_illegal_phase_events(events: list[PhaseEvent], event: PhaseEvent) -> No
 
 def test_phase_observers_see_before_event_after() -> None:
     seen: list[tuple[WorkerPhase, PhaseEvent, WorkerPhase]] = []
-    phases = Phases()
+    phases = WorkerState(Timings())
     phases.observers.append(lambda *change: seen.append(change))
     phases.fire(PE.INIT_OK)
     phases.fire(PE.DRAIN)
@@ -361,8 +367,8 @@ def _generated(name: str) -> str:
 
 
 def test_docs_diagrams_are_the_rendered_tables() -> None:
-    assert _generated("job states") == job_diagram()
-    assert _generated("worker phases") == phase_diagram()
+    assert _generated("job states") == diagrams.job_diagram()
+    assert _generated("worker phases") == diagrams.phase_diagram()
 
 
 def test_docs_table_lists_exactly_the_transitions() -> None:

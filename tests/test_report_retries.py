@@ -30,7 +30,7 @@ from trio_worker._platform._client import (
     retry_after,
 )
 from trio_worker._platform._http import HttpResponse
-from trio_worker._shutdown_plan import ShutdownPlan
+from trio_worker._scopes import Scopes
 
 from .test_platform_client import (
     DONE_URL,
@@ -48,7 +48,7 @@ from .test_platform_client import (
 def delivery_over(client: PlatformClient) -> Delivery:
     """The worker's Delivery around *client*, with a shutdown plan that never stops."""
     settings = Settings.from_environ(WIRING, timings=client.timings, capture_logs="off")
-    return Delivery(settings, client, ShutdownPlan(client.timings))
+    return Delivery(settings, client, Scopes(client.timings))
 
 
 @contextlib.asynccontextmanager

@@ -10,12 +10,13 @@ import pytest
 import trio
 
 from tests.backends import BOTH_BACKENDS, sleep_for
+from trio_worker import Timings as _Timings
 from trio_worker._config import Settings
-from trio_worker._handlers import ThreadWaits
-from trio_worker._lifecycle import HeldJob
 from trio_worker._options import AsyncBackend, worker_options
 from trio_worker._progress_calls import ProgressTarget, current_progress
 from trio_worker._runner import JobRunner, JobSpec
+from trio_worker._scopes import Scopes
+from trio_worker._state import HeldJob
 
 # A handler for the backend named: sync code is the same on both, async code is the
 # backend's own.
@@ -45,7 +46,7 @@ def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> Jo
         Settings.from_environ({}, capture_logs="off"),
         chunks,
         None,
-        ThreadWaits(),
+        Scopes(_Timings()),
         shared_process=lambda: False,
     )
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import threading
 
-from trio_worker._intake import StopMemory
-from trio_worker._lifecycle import JobEvent, Ledger
+from trio_worker._job import StopMemory
+from trio_worker._state import JobEvent, Ledger
 
 
 class _CountingDict(dict[str, object]):

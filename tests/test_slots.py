@@ -19,7 +19,8 @@ import trio.testing
 
 import trio_worker
 import trio_worker.testing
-from trio_worker._lifecycle import JobEvent, JobState
+from trio_worker._job import Slots
+from trio_worker._state import JobEvent, JobState
 from trio_worker.testing import FakePlatform
 from trio_worker.testing._memory import memory_network
 
@@ -261,3 +262,28 @@ async def test_10000_jobs_at_concurrency_4_over_the_lean_client_never_exceed_4_t
     assert peak.peak <= 4
     assert peak.threads <= baseline + 4 + 2
     assert all(len(platform.job(j["id"]).done_reports) == 1 for j in jobs)
+
+
+@pytest.mark.parametrize("asking_order", [[3, 1, 2, 0], [3, 2, 1, 0], [0, 1, 2, 3], [2, 0, 3, 1]])
+async def test_every_free_slot_is_taken_in_one_instant_whatever_order_the_tasks_ask(
+    asking_order: list[int], autojump_clock: trio.abc.Clock
+) -> None:
+    """Four jobs admitted, four slots: each starts at once, whichever task runs first (a
+    job waiting behind an earlier one that had not asked yet is granted when it does)."""
+    slots = Slots(4)
+    ids = [f"job-{n}" for n in range(4)]
+    for job_id in ids:
+        slots.queue(job_id)
+    started: dict[str, float] = {}
+
+    async def one(job_id: str) -> None:
+        if not slots.take_nowait(job_id):
+            await slots.take(job_id)
+        started[job_id] = trio.current_time()
+
+    with trio.fail_after(1):  # virtual: a job left waiting fails at once
+        async with trio.open_nursery() as nursery:
+            for n in asking_order:
+                nursery.start_soon(one, ids[n])
+                await trio.lowlevel.checkpoint()  # this task asks before the next one starts
+    assert started == dict.fromkeys(ids, 0.0) and slots.used == 4

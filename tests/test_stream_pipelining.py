@@ -458,8 +458,9 @@ async def test_a_chunk_yielded_after_its_reader_was_cancelled_is_not_handed_off(
     reader is cancelled before its pump is, and the generator may yield once in between:
     that chunk stays in the buffer (never posted by the pump), for a reader to take in
     order if one comes back."""
+    from trio_worker import Timings as _Timings
     from trio_worker._asyncio_host import AsyncioChunks
-    from trio_worker._handlers import ThreadWaits
+    from trio_worker._scopes import Scopes
 
     go, release = asyncio.Event(), asyncio.Event()
 
@@ -477,7 +478,7 @@ async def test_a_chunk_yielded_after_its_reader_was_cancelled_is_not_handed_off(
         offered.append(chunk)
         return True
 
-    chunks = AsyncioChunks(tokens(), close_bound=1.0, waits=ThreadWaits())
+    chunks = AsyncioChunks(tokens(), close_bound=1.0, waits=Scopes(_Timings()))
     chunks.hand_off(offer)
     try:
         reading = trio.CancelScope()

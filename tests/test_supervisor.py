@@ -628,9 +628,9 @@ async def test_the_reprs_show_the_state_of_each_layer(
     job_id = harness.platform.enqueue({"seconds": 100})
     await harness.wait_until(lambda: job_id in handle.held_ids)
     supervisor = handle._supervisor
-    assert repr(supervisor).startswith("<Supervisor ready held=1 concurrency=1 <ShutdownPlan")
+    assert repr(supervisor).startswith("<Supervisor ready held=1 concurrency=1 <Scopes")
     assert f"{job_id}: running" in repr(supervisor.driver)
     handle.shutdown("SIGTERM")
-    assert "draining reason='SIGTERM'" in repr(supervisor.plan)
+    assert "draining reason='SIGTERM'" in repr(supervisor.scopes)
     assert "reporting=[]" in repr(supervisor.delivery)
     await harness.finished.wait()

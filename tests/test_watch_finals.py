@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_worker._lifecycle import JobEvent, Ledger
+from trio_worker._state import JobEvent, Ledger
 from trio_worker._watch import _finals
 from trio_worker._watch import _records as records
 from trio_worker._watch._finals import Finals, read_finals
@@ -144,12 +144,14 @@ def test_a_final_then_its_settle_leave_no_moment_with_neither(
     """Kept from before the first attempt; after the settle record, gone."""
     read, ledger = watched
     fd, state = shared
-    records.take("job-1")
-    records.final("job-1", b'{"output": 2}', is_stream=False)
+    worker = records.installed()
+    assert worker is not None
+    worker.take("job-1")
+    worker.final("job-1", b'{"output": 2}', is_stream=False)
     _feed(read, ledger)
     assert list(ledger.held) == ["job-1"]
     assert read_finals(fd, state) == {"job-1": (b'{"output": 2}', False)}  # type: ignore[arg-type]
-    records.settle("job-1")
+    worker.settle("job-1")
     _feed(read, ledger)
     assert list(ledger.held) == []
     assert read_finals(fd, state) == {}  # type: ignore[arg-type]
@@ -160,8 +162,10 @@ def test_a_body_that_cannot_be_kept_is_settled_so_no_other_final_follows(
 ) -> None:
     read, ledger = watched
     monkeypatch.setattr(_finals, "MAX_BODY", 10)
-    records.take("job-big")
-    records.final("job-big", b"x" * 11, is_stream=False)
+    worker = records.installed()
+    assert worker is not None
+    worker.take("job-big")
+    worker.final("job-big", b"x" * 11, is_stream=False)
     _feed(read, ledger)
     assert list(ledger.held) == []  # the watchdog will send nothing for it
 
@@ -174,6 +178,7 @@ def test_a_requested_stop_or_release_is_settled_for_the_watchdog_at_once(
     not turn it into a WorkerCrashed report."""
     read, watchdog = watched
     ledger = Ledger()
+    ledger.records = records.installed()  # as the supervisor installs it, when watched
     job = ledger.add("job-1", {"id": "job-1", "input": {}})
     assert job is not None
     ledger.fire(job, JobEvent.START if event is JobEvent.REQUEST_STOP else JobEvent.WAIT_FOR_INIT)

@@ -17,11 +17,12 @@ import trio
 import trio_worker
 import trio_worker.testing
 from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS
+from trio_worker import Timings as _Timings
 from trio_worker._asyncio_host import await_on_asyncio
 from trio_worker._backends import BACKENDS
-from trio_worker._handlers import ThreadWaits
 from trio_worker._options import AsyncBackend
 from trio_worker._progress_calls import ProgressTarget, current_progress
+from trio_worker._scopes import Scopes
 from trio_worker._worker import _outside
 from trio_worker.testing import FakePlatform
 
@@ -101,7 +102,7 @@ async def test_progress_update_in_a_task_beside_the_worker_for_a_job_it_does_not
         async def beside_the_worker() -> None:  # an asyncio task on the worker's loop
             trio_worker.progress_update({"id": "j1"}, 50)
 
-        await await_on_asyncio(beside_the_worker(), waits=ThreadWaits())
+        await await_on_asyncio(beside_the_worker(), waits=Scopes(_Timings()))
     else:
         trio_worker.progress_update({"id": "j1"}, 50)
     assert "progress_update for job j1, which no worker here is running; ignored" in caplog.text

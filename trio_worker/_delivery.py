@@ -9,12 +9,12 @@ attempt is one :meth:`~._platform._client.PlatformClient.post_once` under its ow
 grown with the body's size, so one hung connection costs one attempt, not the budget.
 Between attempts it waits the jittered backoff, or what a ``Retry-After`` asked within the
 one floor and cap of every route (``_pacing.rate_limit_wait``), never less than the
-backoff; the wait is cut by the shutdown plan (``_shutdown_plan.py``) so that one last
+backoff; the wait is cut by the deadline registry (``_scopes.py``) so that one last
 attempt still fits before the deadline it reads.
 
-A terminal report runs under a shield (docs/design.md §4 I5) bound to the plan: its
+A terminal report runs under a shield (docs/design.md §4 I5) bound to the state: its
 deadline is the job's delivery budget, ``report_budget`` from the moment its report starts,
-cut to the plan's deadline when the worker stops, but never to less than
+cut to the state's deadline when the worker stops, but never to less than
 ``report_deadline`` from its start, so the report of a job cut at the end of the grace
 still gets its chance. The job stays held meanwhile (the driver settles it only when
 :meth:`Delivery.deliver` returns), so it keeps its slot and its id in every ping. A loss is
@@ -34,14 +34,14 @@ from ._pacing import backoff_delay, rate_limit_wait
 from ._platform._client import ReportOutcome, is_retryable
 from ._progress import ProgressPosts
 from ._version import __version__
-from ._watch import records as crash_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._config import Settings
     from ._platform._client import PlatformClient
-    from ._shutdown_plan import ShutdownPlan
+    from ._scopes import Scopes
+    from ._watch._records import Records
 
 log = logging.getLogger("trio_worker")
 
@@ -50,11 +50,14 @@ REFUSED = {400: "bad request", 413: "payload too large"}
 
 
 class Delivery:
-    def __init__(self, settings: Settings, client: PlatformClient, plan: ShutdownPlan) -> None:
+    def __init__(self, settings: Settings, client: PlatformClient, plan: Scopes) -> None:
         self.settings = settings
         self.timings = settings.timings
         self.client = client
         self.plan = plan
+        # Where the crash watchdog reads each terminal body before its first attempt
+        # (``_watch``, docs/design.md §13.2); installed by the supervisor when watched.
+        self.finals: Records | None = None
         platform = settings.platform
         self.identity = WorkerIdentity(platform.worker_id, platform.hostname, __version__)
         self.progress = ProgressPosts(settings, plan, self.post)
@@ -78,7 +81,7 @@ class Delivery:
         """POST one report until it is acknowledged, refused for good, or time runs out.
 
         Never raises for platform trouble. There is no attempt limit: the caller's cancel
-        scope bounds the whole (bound to the shutdown plan), and each wait between attempts
+        scope bounds the whole (bound to the state's deadlines), and each wait between attempts
         reads that deadline to leave room for one last attempt. Each attempt has its own
         timeout, grown with the body's size, so one hung connection costs one attempt.
         *outcome* is filled in as attempts are made, so a caller whose scope ran out still
@@ -110,7 +113,7 @@ class Delivery:
         the last answer carried a ``Retry-After`` (*retry_after*, as parsed), the one rule
         every route follows for it (:func:`~trio_worker._pacing.rate_limit_wait`: floor,
         cap, jitter), never less than the backoff. The caller waits through
-        :meth:`ShutdownPlan.wait_to_retry`, which cuts the wait to leave room for one last
+        :meth:`Scopes.wait_to_retry`, which cuts the wait to leave room for one last
         attempt before its deadline.
         """
         timings = self.timings
@@ -129,13 +132,14 @@ class Delivery:
         outcome = ReportOutcome()
         # Before the first attempt: should the process die from here on, the crash
         # watchdog sends this same body, never a different final (docs/design.md §13.2).
-        crash_records.final(job_id, body, is_stream=is_stream)
+        if self.finals is not None:
+            self.finals.final(job_id, body, is_stream=is_stream)
         self.progress.closed.add(job_id)
         self._reporting[job_id] = started
         try:
             deadline = self.plan.report_deadline(started)
             with trio.CancelScope(shield=True, deadline=deadline) as scope:
-                self.plan.bind(scope, lambda plan: plan.report_deadline(started))
+                self.plan.bind(scope, lambda state: state.report_deadline(started))
                 try:
                     await self.progress.quiet(job_id)
                     await self._post_final(url, job_id, body, outcome, is_stream=is_stream)
@@ -171,7 +175,8 @@ class Delivery:
         )
         notice = self._refusal_body(job_id, status, body)
         # The refused body was not stored: the notice is the final the watchdog would send.
-        crash_records.final(job_id, notice, is_stream=is_stream)
+        if self.finals is not None:
+            self.finals.final(job_id, notice, is_stream=is_stream)
         refusal = ReportOutcome(attempts=outcome.attempts)
         await self.post(url, notice, job_id=job_id, outcome=refusal)
         outcome.delivered, outcome.attempts = refusal.delivered, refusal.attempts

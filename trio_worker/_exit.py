@@ -194,7 +194,7 @@ class ExitGuard:
         if self._pending is not None:
             shutdown(self._pending)
 
-    def arm(self, seconds: float) -> None:
+    def _arm(self, seconds: float) -> None:
         with self._lock:
             if self._timer is not None:
                 return
@@ -247,13 +247,24 @@ class ExitGuard:
             second = self._signals.count > 1
         if second:
             self.leave(128 + signum, f"second signal ({name}): exiting at once", at_exit=False)
-        self.arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
-        reason = f"{name} received"
+        self.stop(f"{name} received")
+
+    def stop(self, reason: str, *, on_loop: bool = False) -> None:
+        """Begin the worker's shutdown, armed: every shutdown of ``start()``'s worker comes
+        through here (a signal, ``refresh_worker``, a handler's ``sys.exit``), so the exit
+        watchdog is armed in this one place. Safe from a signal handler or any thread: it
+        only queues the shutdown for the loop, unless *on_loop* says the caller is a task
+        of that loop (never a signal handler, which may interrupt one)."""
+        self._arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
         if self._token is None or self._shutdown is None:
             self._pending = reason  # the worker is still being built
             return
+        if on_loop:
+            # refresh_worker, a handler's sys.exit: at once, so the take loop never starts
+            # another take in between.
+            self._shutdown(reason)
+            return
         try:
-            # Signal-safe: it only queues the call for the loop.
             self._token.run_sync_soon(self._shutdown, reason)
         except trio.RunFinishedError:
             pass  # the run is over: start() is already leaving
@@ -308,3 +319,17 @@ def watched_process(
         install_python_stream_attribution()
     forwarded = None if watched is None else watched.signals
     return capture, ExitGuard(options.timings, capture, forwarded)
+
+
+async def watch_signals(
+    request_shutdown: Callable[[str], None], shutting_down: Callable[[], bool]
+) -> None:
+    """``serve(handle_signals=True)``: SIGTERM and SIGINT start a graceful shutdown, a
+    second SIGINT raises ``KeyboardInterrupt`` (``serve()`` cannot end the process, as
+    :class:`ExitGuard` does for ``start()``)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if shutting_down() and signum == signal.SIGINT:
+                log.warning("second SIGINT: exiting at once")
+                raise KeyboardInterrupt
+            request_shutdown(f"{signal.Signals(signum).name} received")

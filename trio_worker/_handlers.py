@@ -12,12 +12,9 @@ cooperatively when its job is stopped.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import inspect
-import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,6 +26,7 @@ from ._threads import ThreadCall, in_thread, run_sync
 
 if TYPE_CHECKING:
     from ._backends import Backend
+    from ._scopes import Scopes
 
 Handler = Callable[[dict[str, Any]], Any]
 
@@ -79,65 +77,13 @@ def is_cancellation(exc: BaseException) -> bool:
     return False
 
 
-class ThreadWaits:
-    """Cancel scopes of job tasks waiting for an abandoned handler thread to end.
-
-    A stopped job keeps its slot until its thread returns (docs/design.md §9); at the end of the
-    shutdown grace these waits end, so a stuck thread cannot hold up the exit (the process
-    then ends with ``os._exit``).
-    """
-
-    def __init__(self) -> None:
-        self._scopes: set[trio.CancelScope] = set()
-        self._end = math.inf
-
-    def end_by(self, deadline: float) -> None:
-        """Stop every wait, and every wait that starts later, by *deadline* (trio time):
-        the end of the shutdown grace. The waits' own scopes carry it, so it holds with
-        nothing left running at the deadline to enforce it (the supervisor's grace task
-        ends with the last job task, while a cancelled initializer's cleanup may still be
-        awaited)."""
-        self._end = min(self._end, deadline)
-        for scope in self._scopes:
-            scope.deadline = min(scope.deadline, deadline)
-
-    def shielded(self, bound: float = math.inf) -> AbstractContextManager[trio.CancelScope]:
-        """A scope shielded from its caller's cancellation that still ends after *bound*
-        seconds or at the deadline given to :meth:`end_by`, whichever comes first."""
-        return self._scope(bound, shield=True)
-
-    def bounded(self, bound: float) -> AbstractContextManager[trio.CancelScope]:
-        """As :meth:`shielded`, for a caller that already shields it (a stream's close)."""
-        return self._scope(bound, shield=False)
-
-    @contextlib.contextmanager
-    def _scope(self, bound: float, *, shield: bool) -> Iterator[trio.CancelScope]:
-        # A wait that starts after the deadline (a job cut by the same deadline) is
-        # cancelled at its first checkpoint.
-        deadline = min(trio.current_time() + bound, self._end)
-        with trio.CancelScope(shield=shield, deadline=deadline) as wait:
-            self._scopes.add(wait)
-            try:
-                yield wait
-            finally:
-                self._scopes.discard(wait)
-
-    async def hold(self, finished: trio.Event) -> None:
-        """Wait, shielded, for *finished*: until it is set or the deadline of :meth:`end_by`."""
-        with self.shielded():
-            await finished.wait()
-
-    def __len__(self) -> int:
-        return len(self._scopes)
-
-
-async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: ThreadWaits) -> Any:
+async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: Scopes) -> Any:
     """Run sync *fn* in a kept thread (:mod:`._threads`); when cancelled, wait for the
     thread to end.
 
     The call is abandoned on cancel so ``check_cancelled()`` inside it sees the stop at
-    once, but the caller does not move on until the thread has really returned, unless
-    the wait itself is cancelled through *waits*.
+    once, but the caller does not move on until the thread has really returned, or the
+    grace has ended (*waits*: the deadline registry).
     """
     # Cancelled before the thread is asked (a stop that landed first): nothing to wait for.
     await trio.lowlevel.checkpoint_if_cancelled()
@@ -156,7 +102,7 @@ class Stream:
     def __init__(
         self,
         source: Generator[Any, Any, Any] | Iterator[Any] | AsyncIterator[Any],
-        waits: ThreadWaits,
+        waits: Scopes,
         *,
         close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
     ) -> None:
@@ -208,7 +154,7 @@ async def call_handler(
     fn: Handler,
     kind: HandlerKind,
     job: dict[str, Any],
-    waits: ThreadWaits,
+    waits: Scopes,
     *,
     backend: Backend,
     close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,

@@ -23,10 +23,10 @@ import trio
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import Settings
 from ._exceptions import InitializationError
-from ._handlers import ThreadWaits
 from ._initializer import init_failure_report, run_initializer
-from ._lifecycle import HeldJob
 from ._runner import JobRunner, JobSpec, worker_identity
+from ._scopes import Scopes
+from ._state import HeldJob
 
 if TYPE_CHECKING:
     from ._config import LocalArgs
@@ -87,7 +87,7 @@ async def _run_once(
         dict(test_input) if isinstance(test_input, dict) else {"input": test_input}
     )
     job = HeldJob(str(payload.setdefault("id", LOCAL_JOB_ID)), payload)
-    waits = ThreadWaits()
+    waits = Scopes(options.timings)
     initializer = options.backend.initializer(options.initializer, waits)
     if initializer is not None:
         tail = capture.tail if capture is not None else (lambda limit=0: "")

@@ -4,7 +4,7 @@ A handler's ``progress_update`` lands here (``Supervisor.spawn_progress``, on th
 thread). Updates share the reports' connection pool and their retry policy
 (:meth:`~trio_worker._delivery.Delivery.post`); at most one is in flight per job, and a newer
 one replaces one still waiting. Each post ends within ``report_budget`` and by the shutdown
-plan's deadline. Before a job's final report goes, :meth:`ProgressPosts.quiet` lets its
+state's deadline. Before a job's final report goes, :meth:`ProgressPosts.quiet` lets its
 updates out for at most ``progress_bound``, then cuts them, so an update never lands after
 the final result nor holds it up (docs/design.md §5).
 """
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._config import Settings
-    from ._shutdown_plan import ShutdownPlan
+    from ._scopes import Scopes
+    from ._state import WorkerState
 
 log = logging.getLogger("trio_worker")
 
@@ -57,7 +58,7 @@ class _Progress:
 
 
 class ProgressPosts:
-    def __init__(self, settings: Settings, plan: ShutdownPlan, post: Post) -> None:
+    def __init__(self, settings: Settings, plan: Scopes, post: Post) -> None:
         self.settings = settings
         self.timings = settings.timings
         self.plan = plan
@@ -156,6 +157,6 @@ def warn_too_late(job_id: str) -> None:
     log.warning("progress_update for job %s after the job ended; ignored", job_id)
 
 
-def _progress_end(ends: float, plan: ShutdownPlan) -> float:
-    """A progress post ends within its budget, and by the plan's deadline."""
-    return min(ends, plan.deadline)
+def _progress_end(ends: float, state: WorkerState) -> float:
+    """A progress post ends within its budget, and by the state's deadline."""
+    return min(ends, state.deadline)

@@ -38,7 +38,6 @@ from ._handlers import (
     Handler,
     HandlerKind,
     Stream,
-    ThreadWaits,
     call_handler,
     handler_kind,
     is_cancellation,
@@ -59,8 +58,9 @@ if TYPE_CHECKING:
 
     from ._backends import Backend
     from ._config import Settings
-    from ._lifecycle import HeldJob
     from ._options import WorkerOptions
+    from ._scopes import Scopes
+    from ._state import HeldJob
 
 log = logging.getLogger("trio_worker")
 
@@ -117,7 +117,7 @@ class JobRunner:
         settings: Settings,
         chunks: ChunkSink,
         capture: OutputCapture | None,
-        waits: ThreadWaits,
+        waits: Scopes,
         shared_process: Callable[[], bool],
         progress: ProgressTarget | None = None,
     ) -> None:

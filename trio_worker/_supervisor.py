@@ -2,44 +2,35 @@
 
 Theory of operation
 -------------------
-Four sibling tasks share one nursery:
+One nursery holds the init task, one poll loop per long-poll route (take and stop, the
+same loop: :meth:`Supervisor._poll`), and the jobs' nursery, into which each take answer
+starts one task per job (``_job.JobDriver``). Every fact these tasks act on lives in the
+pure state (``_state``: the jobs, the ledger, the worker's phase and its deadlines), and
+every wait ends by what that state says, through the one deadline registry (``_scopes``).
 
-* **init** runs the initializer under ``init_timeout``; success opens the gate, failure is
-  recorded and cancels the nursery.
+* **init** runs the initializer under ``init_timeout``; success opens the gate, failure
+  is recorded and cancels the nursery.
 * **take** long-polls job-take whenever a slot is free (woken by the ledger, never by a
-  sleep loop). Each take runs *shielded*, under its own deadline: a cancellation never
-  abandons a take in flight (I8); when the worker must stop taking, the deadline is
-  shortened instead, and whatever the take returns is run, failed or released on purpose.
-* **run** starts one task per job, each in its own cancel scope. A job waits at the gate,
-  then the handler runs; its terminal report is sent under a shield with its own deadline
-  (I5). A stop cancels the job's scope; nothing is reported for it.
-* **stop** long-polls job-stop and cancels the named job's scope.
-
-Every fact these tasks act on lives in ``_lifecycle.py`` (each job's state, the worker's
-phase, the ledger) and every choice is a pure function in ``_decisions.py``. When and how
-the worker stops is ``_shutdown_plan.py``'s: a shutdown, an init failure or a cancellation
-of the whole worker changes the plan in one call, and every wait (the take, the jobs, their
-reports, progress and threads, the initializer, the idle and stop long-polls) reads it. This
-module keeps the four tasks and their cancel scopes; ``_driver.py`` drives each job through
-admission, its own task and settlement; ``_delivery.py`` posts its reports.
+  sleep loop). Each take runs *shielded*, bound to the state's ``take_end``: a stop
+  shortens a take in flight, never abandons it (I8), and whatever it returns is run,
+  failed or released on purpose.
+* **stop** long-polls job-stop and stops the named jobs wherever they are.
 
 On init failure every held job is failed with the same ``init_failed`` body: jobs at the
-gate report it as the cancellation reaches them, a take in flight gets ``claim_grace`` and
-its jobs are failed in the take task, and if no job was ever held one take bounded by the
-same grace claims a request to fail (docs/design.md §6). On shutdown jobs still at the gate are
-released, running jobs get ``shutdown_grace`` and are then failed with ``worker_shutdown``.
+gate as the cancellation reaches them, a take in flight gets ``claim_grace`` and its jobs
+are failed where it returns, and if no job was ever held, one take bounded by the same
+grace claims a request to fail (docs/design.md §6). On shutdown jobs at the gate are
+released, running jobs get ``shutdown_grace``; at its end a handler that swallowed the
+cancellation has its ``worker_shutdown`` report sent for it (:meth:`_expire_grace`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
-from ._driver import JobDriver, drain
 from ._exceptions import (
     InitFailure,
     InitializationError,
@@ -47,35 +38,37 @@ from ._exceptions import (
     RateLimited,
     TransportError,
 )
-from ._grace import Grace
-from ._initializer import Initializer, init_failure_report, run_initializer
-from ._intake import Backoff, Capacity, StopMemory
-from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
-from ._progress import warn_too_late
-from ._shutdown_plan import ShutdownPlan
-from ._tracebacks import one_line
+from ._initializer import init_failure_report, run_initializer
+from ._job import Capacity, JobDriver, StopMemory
+from ._pacing import FoldedLog, backoff_delay, rate_limit_wait
+from ._scopes import at_take_end, when_stopping
+from ._state import Ledger, WorkerPhase
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
 
     from ._capture import OutputCapture
-    from ._config import Settings
+    from ._config import Settings, Timings
     from ._delivery import Delivery
-    from ._exit import ExitGuard
-    from ._handlers import ThreadWaits
-    from ._lifecycle import HeldJob, TransitionHook
+    from ._initializer import Initializer
     from ._options import Concurrency
     from ._platform._client import PlatformClient
     from ._runner import JobRunner
+    from ._state import CrashRecords, HeldJob, TransitionHook
 
 __all__ = ["Supervisor"]
 
 log = logging.getLogger("trio_worker")
 
+# After the grace, a handler still running this long after its cancellation swallowed it.
+UNWIND_BOUND = 1.0
+
 
 class Supervisor:
     """``observers`` see every job transition; one with a ``phase_changed(before, event,
-    after)`` method also sees every change of the worker's phase."""
+    after)`` method also sees every change of the worker's phase. *shutdown_hook* is told
+    of every shutdown the worker starts itself (``refresh_worker``, a handler's
+    ``sys.exit``): ``start()``'s exit guard, which arms its watchdog for each."""
 
     def __init__(
         self,
@@ -84,14 +77,14 @@ class Supervisor:
         client: PlatformClient,
         delivery: Delivery,
         runner: JobRunner,
-        waits: ThreadWaits,
         initializer: Initializer | None,
         init_timeout: float | None,
         concurrency: Concurrency,
         capture: OutputCapture | None,
         refresh_worker: bool = False,
         observers: Iterable[TransitionHook] = (),
-        exit_hooks: ExitGuard | None = None,
+        records: CrashRecords | None = None,
+        settled: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.timings = timings = settings.timings
@@ -100,59 +93,52 @@ class Supervisor:
         self.initializer = initializer
         self.init_timeout = init_timeout
         self.capture = capture
-        self.exit_hooks = exit_hooks
+        self.delivery = delivery
+        self.scopes = scopes = delivery.plan
+        self.state = state = scopes.state
         self.ledger = Ledger(on_change=self._wake_take)
-        self.phases = Phases()
+        self.ledger.records = state.records = records
         for observer in observers:
             self.ledger.observers.append(observer)
             if (phase_changed := getattr(observer, "phase_changed", None)) is not None:
-                self.phases.observers.append(phase_changed)
-        self.capacity = capacity = Capacity(concurrency)
+                state.observers.append(phase_changed)
+        self.capacity = Capacity(concurrency)
         self.stop_memory = StopMemory(timings.stop_memory, timings.stop_memory_size)
-        # The one owner of stopping: every wait of the worker reads it, the thread waits
-        # through this listener (docs/how-it-works.md).
-        self.delivery = delivery
-        self.plan = plan = delivery.plan
-        plan.subscribe(lambda plan: waits.end_by(plan.grace_end))
-        self.gate = trio.Event()  # wakes the jobs at the gate; the truth is self.phases
+        self.gate = trio.Event()  # wakes the jobs at the gate; the truth is self.state
         self.driver = JobDriver(
             ledger=self.ledger,
-            phases=self.phases,
+            state=state,
             gate=self.gate,
             runner=runner,
-            delivery=self.delivery,
-            plan=plan,
+            delivery=delivery,
             timings=timings,
-            refresh=partial(self.request_shutdown, "refresh_worker: first job done")
-            if refresh_worker
-            else None,
-            slots=capacity.slots,
-        )
-        self.grace = Grace(
-            driver=self.driver,
-            plan=plan,
-            ledger=self.ledger,
-            timings=timings,
-            exit_hooks=exit_hooks,
+            refresh=self._refresh if refresh_worker else None,
+            slots=self.capacity.slots,
         )
         self.failure: InitFailure | None = None
         # What a handler raised to end the process (SystemExit, KeyboardInterrupt): the
         # first one wins; serve() raises it once the shutdown it started is over.
         self.exit_request: SystemExit | KeyboardInterrupt | None = None
         self.driver.on_exit = self.request_exit
+        self.settled = settled  # start()'s exit: every report out, a stuck handler left
+        self.shutdown_hook: Callable[[str], None] | None = None
         self._slot_event = trio.Event()
+        self._take_loop_over = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._jobs: trio.Nursery | None = None
+        # Both end with the jobs' nursery: nothing is left for them once every job ended.
+        self._grace_scope = trio.CancelScope()
+        self._cut_scope = trio.CancelScope()
 
     def __repr__(self) -> str:
         return (
-            f"<Supervisor {self.phase.value} held={len(self.ledger)} "
-            f"concurrency={self.capacity.value} {self.plan!r}>"
+            f"<Supervisor {self.state.phase.value} held={len(self.ledger)} "
+            f"concurrency={self.capacity.value} {self.scopes!r}>"
         )
 
     @property
     def phase(self) -> WorkerPhase:
-        return self.phases.phase
+        return self.state.phase
 
     @property
     def concurrency(self) -> int:
@@ -162,73 +148,77 @@ class Supervisor:
     def shutting_down(self) -> bool:
         return self.phase is WorkerPhase.DRAINING
 
-    # -- the nursery --------------------------------------------------------------------
+    # -- the nursery ----------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run until shutdown (returns) or init failure (raises InitializationError)."""
-        send, receive = trio.open_memory_channel["HeldJob"](math.inf)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            self._jobs = await nursery.start(self._run_jobs)
             nursery.start_soon(self._init_task)
-            nursery.start_soon(self._take_task, send)
-            nursery.start_soon(self._run_task, receive)
-            nursery.start_soon(self._stop_task)
-            nursery.start_soon(self.grace.watch)
+            nursery.start_soon(self._poll, "job-take", self.timings.error_backoff_min)
+            if self.settings.platform.stop_url is None:
+                log.warning("job-take URL has no /job-take/; the stop channel is disabled")
+            else:
+                nursery.start_soon(self._poll, "job-stop", self.timings.empty_poll_floor)
+            nursery.start_soon(self._watch_for_a_cut)
         if self.failure is not None:
             await self._claim_one_to_fail()
             raise InitializationError(self.failure)
 
     def request_shutdown(self, reason: str) -> None:
         """Stop taking, release jobs at the gate, give running jobs ``shutdown_grace``."""
-        if not self.phases.can(PhaseEvent.DRAIN):
+        if not self.state.drain(reason, now=trio.current_time()):
             return
         log.info("shutting down (%s); %d job(s) held", reason, len(self.ledger))
-        self._enter(PhaseEvent.DRAIN)
-        if self.exit_hooks is not None:
-            self.exit_hooks.arm(self.timings.shutdown_grace + self.timings.exit_watchdog)
-        # Every wait reads the plan: the take, the jobs, their reports and threads, the
-        # initializer, the idle and stop long-polls all end by what it now says.
-        self.plan.drain(reason, now=trio.current_time())
         self.driver.release_gated()
         if self._nursery is not None:
-            self._nursery.start_soon(self.grace.expire, self._ledger_changed)
+            self._nursery.start_soon(self._expire_grace)
 
     def request_exit(self, exc: SystemExit | KeyboardInterrupt) -> None:
         """A handler asked the process to exit: shut down, then ``serve()`` raises *exc*."""
         if self.exit_request is None:
             self.exit_request = exc
-        self.request_shutdown(f"a handler raised {exc!r}")
+        self._stop_from_inside(f"a handler raised {exc!r}")
 
-    def _enter(self, event: PhaseEvent) -> None:
-        self.phases.fire(event)
-        if self.phases.gate_open:
-            self.gate.set()
+    def _refresh(self) -> None:
+        self._stop_from_inside("refresh_worker: first job done")
 
-    # -- init ---------------------------------------------------------------------------
+    def _stop_from_inside(self, reason: str) -> None:
+        # Through start()'s exit guard when there is one: the one place a shutdown is armed.
+        if self.shutdown_hook is not None:
+            self.shutdown_hook(reason)
+        else:
+            self.request_shutdown(reason)
+
+    # -- init -----------------------------------------------------------------------------
 
     async def _init_task(self) -> None:
         if self.initializer is None:
-            self._enter(PhaseEvent.INIT_OK)
+            self._open_gate()
             return
-        with self.plan.open_scope(ShutdownPlan.when_stopping):
-            failure = await run_initializer(self.initializer, self.init_timeout, self._init_logs)
-            if failure is None:
-                log.info("initializer finished; handlers may run")
-                self._enter(PhaseEvent.INIT_OK)
+        # A stop ends the initializer (its scope catches that): the gate then stays shut.
+        with self.scopes.open_scope(when_stopping):
+            failure = await run_initializer(self.initializer, self.init_timeout, self._logs)
+            if failure is not None:
+                self._fail_init(failure)
                 return
-            self._fail_init(failure)
+            log.info("initializer finished; handlers may run")
+            self._open_gate()
 
-    def _init_logs(self) -> str:
-        if self.capture is None:
-            return ""
-        return self.capture.tail(self.settings.logs_tail_chars)
+    def _open_gate(self) -> None:
+        self.state.init_ok()
+        self.gate.set()
+
+    def _logs(self) -> str:
+        return "" if self.capture is None else self.capture.tail(self.settings.logs_tail_chars)
 
     def _fail_init(self, failure: InitFailure) -> None:
         log.error(
             "initializer failed after %.2fs: %s: %s (category %s); failing %d held job(s)",
             failure.elapsed,
             failure.error_type,
-            one_line(failure.message),
+            failure.message,
             failure.category,
             len(self.ledger),
         )
@@ -236,118 +226,99 @@ class Supervisor:
         self.driver.init_failed_body = init_failure_report(
             failure, self.runner.identity, self.settings.redactor
         )
-        self.plan.fail_init("the initializer failed", failed_at=failure.failed_at)
-        self._enter(PhaseEvent.INIT_FAIL)
+        self.state.fail_init("the initializer failed", failed_at=failure.failed_at)
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()
 
-    # -- take ---------------------------------------------------------------------------
+    # -- the poll loop: take and stop -------------------------------------------------------
+
+    async def _poll(self, route: str, floor: float) -> None:
+        """One long-poll route, until a stop begins: a poll whose answer was empty and not
+        held starts again no sooner than *floor* after it started; a failure waits its
+        backoff, a 429 what it asked for (one rule, ``_pacing``)."""
+        backoff = Backoff(route, self.timings)
+        take = route == "job-take"
+        try:
+            await self._poll_until_stopped(take, floor, backoff)
+        finally:
+            if take:
+                self._take_loop_over.set()
+
+    async def _poll_until_stopped(self, take: bool, floor: float, backoff: Backoff) -> None:
+        # One scope for the whole loop: a stop ends whatever idle wait it is in, never a
+        # take in flight (each runs shielded, _take_once).
+        with self.scopes.open_scope(when_stopping):
+            while self.state.taking or not take:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                free = self.capacity.evaluate() - len(self.ledger)
+                if take and free <= 0:
+                    await self._ledger_changed()
+                    continue
+                started = trio.current_time()
+                try:
+                    got = await (self._take_once(free) if take else self._stops_once())
+                except RateLimited as exc:
+                    await trio.sleep(backoff.rate_limited(exc.retry_after))
+                    continue
+                except (PlatformError, TransportError) as exc:
+                    await trio.sleep(backoff.failed(exc))
+                    continue
+                backoff.succeeded()
+                rest = started + floor - trio.current_time()
+                if not got and rest > 0:
+                    await trio.sleep(rest)
+
+    async def _take_once(self, count: int) -> int:
+        """One shielded take; its jobs are started (or failed) here. How many it held."""
+        deadline = trio.current_time() + self.timings.take_poll_bound
+        held: list[HeldJob] = []  # none, when the take's own deadline ends it
+        with trio.CancelScope(shield=True, deadline=deadline) as scope:
+            # A stop shortens the take in flight (take_drain, claim_grace), never cancels it.
+            self.scopes.bind(scope, at_take_end)
+            try:
+                response = await self.client.take(count, in_progress=len(self.ledger) > 0)
+            finally:
+                self.scopes.unbind(scope)
+            held = self.driver.admit(response, self.stop_memory.consume)
+            if self.phase is WorkerPhase.INIT_FAILED and held:
+                # The nursery is cancelled: nobody else will report these.
+                await self.driver.fail_all(held)
+                return len(held)
+        assert self._jobs is not None
+        for job in held:
+            self._jobs.start_soon(self.driver.job_task, job)
+        return len(held)
+
+    async def _stops_once(self) -> int:
+        ids: list[str] = []
+        with trio.move_on_after(self.timings.stop_poll_bound):
+            ids = await self.client.poll_stop()
+        for job_id in ids:
+            self.stop_job(job_id)
+        return len(ids)
+
+    def stop_job(self, job_id: str) -> None:
+        """Stop the named job, wherever it is (queued, at the gate, running)."""
+        if not self.driver.stop(job_id):
+            self.stop_memory.remember(job_id, trio.current_time())
 
     def _wake_take(self) -> None:
         self._slot_event.set()
-
-    @property
-    def _taking(self) -> bool:
-        return self.phase in (WorkerPhase.INITIALIZING, WorkerPhase.READY)
-
-    async def _take_task(self, send: trio.MemorySendChannel[HeldJob]) -> None:
-        # A stop ends whatever idle wait the loop is in (a wait for a slot, a backoff),
-        # never a take in flight (each runs shielded, _take_once). One scope for the whole
-        # loop rather than one per wait: a take at concurrency 8 waited for a slot about
-        # once per two jobs, and each scope cost trio about 5 us of CPU. A drain or a failed
-        # initializer also ends _taking, so the loop has nothing left to do; a worker
-        # cancelled as a whole cancels the loop from outside.
-        async with send:
-            with self.plan.open_scope(ShutdownPlan.when_stopping):
-                await self._take_loop(send)
-
-    async def _take_loop(self, send: trio.MemorySendChannel[HeldJob]) -> None:
-        backoff = Backoff("job-take", self.timings)
-        while self._taking:
-            # Takes run shielded, so a cancellation lands only here or in an idle wait.
-            await trio.lowlevel.checkpoint_if_cancelled()
-            free = self.capacity.evaluate() - len(self.ledger)
-            if free <= 0:
-                await self._wait_for_slot()
-                continue
-            started = trio.current_time()
-            try:
-                taken = await self._take_once(free)
-            except RateLimited as exc:
-                await self._pause(backoff.rate_limited(exc.retry_after))
-                continue
-            except (PlatformError, TransportError) as exc:
-                await self._pause(backoff.failed(exc))
-                continue
-            backoff.succeeded()
-            for job in taken:
-                send.send_nowait(job)
-            if not taken and trio.current_time() - started < self.timings.error_backoff_min:
-                # The platform answered "empty" without holding the poll: do not spin.
-                await self._pause(self.timings.error_backoff_min)
-
-    async def _wait_for_slot(self) -> None:
-        await self._idle(self._ledger_changed)
 
     async def _ledger_changed(self) -> None:
         self._slot_event = trio.Event()
         await self._slot_event.wait()
 
-    async def _pause(self, seconds: float) -> None:
-        await self._idle(trio.sleep, seconds)
-
-    async def _idle(self, wait: Callable[..., Awaitable[object]], *args: object) -> None:
-        # The take loop's one scope (_take_task) ends whatever idle wait it is in at a stop.
-        if not self._taking:
-            return
-        await wait(*args)
-
-    async def _take_once(self, count: int) -> list[HeldJob]:
-        """One shielded take; returns the jobs to run (may be empty)."""
-        deadline = trio.current_time() + self.timings.take_poll_bound
-        held: list[HeldJob] = []
-        with trio.CancelScope(shield=True, deadline=deadline) as scope:
-            # A stop shortens the take in flight (take_drain, claim_grace), never cancels it.
-            self.plan.bind(scope, lambda plan: plan.take_end)
-            try:
-                response = await self.client.take(count, in_progress=len(self.ledger) > 0)
-            finally:
-                self.plan.unbind(scope)
-            held = self.driver.admit(response, self.stop_memory.consume)
-            if self.phase is WorkerPhase.INIT_FAILED and held:
-                # The nursery is cancelled: nobody else will report these.
-                await self.driver.fail_all(held)
-                return []
-        return held
-
-    # -- run ----------------------------------------------------------------------------
-
-    async def _run_task(self, receive: trio.MemoryReceiveChannel[HeldJob]) -> None:
-        try:
-            async with trio.open_nursery() as jobs:
-                self._jobs = jobs
-                try:
-                    async for job in receive:
-                        jobs.start_soon(self.driver.job_task, job)
-                except trio.Cancelled:
-                    if self.phase is WorkerPhase.INIT_FAILED:
-                        # Jobs still queued in the channel never got a task: fail them here.
-                        await self.driver.fail_all(drain(receive))
-                    raise
-        finally:
-            receive.close()
-            self.grace.end()
-
     async def _claim_one_to_fail(self) -> None:
         """No job was ever held: take one, so the request that scaled us up learns why."""
-        if self.ledger.ever_held or trio.current_time() >= self.plan.take_end:
+        take_end = self.state.take_end
+        if self.ledger.ever_held or trio.current_time() >= take_end:
             return
         if self.settings.platform.take_url is None:
             return
-        wait = self.plan.take_end - trio.current_time()
         log.warning(
             "initializer failed with no job held: waiting up to %.3g s to claim a request to fail",
-            wait,
+            take_end - trio.current_time(),
         )
         try:
             await self._take_once(1)
@@ -358,39 +329,18 @@ class Supervisor:
         done = f"claimed {claimed} and failed it with the init failure" if claimed else "none"
         log.warning("claim wait over: %s", done)
 
-    # -- stop ---------------------------------------------------------------------------
+    # -- the jobs -------------------------------------------------------------------------
 
-    def stop_job(self, job_id: str) -> None:
-        """Cancel the named job, wherever it is (queued, at the gate, running)."""
-        if not self.driver.stop(job_id):
-            self.stop_memory.remember(job_id, trio.current_time())
-
-    async def _stop_task(self) -> None:
-        if self.settings.platform.stop_url is None:
-            log.warning("job-take URL has no /job-take/; the stop channel is disabled")
-            return
-        backoff = Backoff("job-stop", self.timings)
-        with self.plan.open_scope(ShutdownPlan.when_stopping):
-            while True:
-                started = trio.current_time()
-                ids: list[str] = []
-                try:
-                    with trio.move_on_after(self.timings.stop_poll_bound):
-                        ids = await self.client.poll_stop()
-                except RateLimited as exc:
-                    await trio.sleep(backoff.rate_limited(exc.retry_after))
-                    continue
-                except (PlatformError, TransportError) as exc:
-                    await trio.sleep(backoff.failed(exc))
-                    continue
-                backoff.succeeded()
-                for job_id in ids:
-                    self.stop_job(job_id)
-                elapsed = trio.current_time() - started
-                if not ids and elapsed < self.timings.empty_poll_floor:
-                    await trio.sleep(self.timings.empty_poll_floor - elapsed)
-
-    # -- progress -----------------------------------------------------------------------
+    async def _run_jobs(self, *, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+        try:
+            async with trio.open_nursery() as jobs:
+                task_status.started(jobs)
+                # Open to new jobs until the take loop has ended: a take in flight when a
+                # stop began still starts what it brings (I8).
+                await self._take_loop_over.wait()
+        finally:
+            self._grace_scope.cancel()
+            self._cut_scope.cancel()
 
     def spawn_beside_jobs(self, task: Callable[[], Awaitable[None]]) -> bool:
         """Start *task* in the jobs' nursery (work shared by several jobs, which none of
@@ -406,9 +356,65 @@ class Supervisor:
     def spawn_progress(self, job_id: str, body: bytes) -> None:
         """Post a progress update in the background; must run on the trio thread."""
         if job_id not in self.ledger or self._jobs is None:
-            if self.delivery.progress.ended(job_id):
-                warn_too_late(job_id)
-            else:
-                log.warning("progress_update for job %s, which is not running; ignored", job_id)
+            log.warning("progress_update for job %s, which is not running; ignored", job_id)
             return
         self.delivery.progress.spawn(self._jobs, job_id, body)
+
+    # -- the end of the grace, and a cancellation of the whole worker ------------------------
+
+    async def _expire_grace(self) -> None:
+        """At the grace's end, settle what cannot settle itself: a handler that swallowed
+        its cancellation (docs/design.md §9); then start()'s exit learns it may go."""
+        with self._grace_scope:
+            await trio.sleep_until(self.state.grace_end)
+            await trio.sleep(min(UNWIND_BOUND, self.timings.exit_watchdog / 2))
+            stuck = await self.driver.settle_stuck()
+            if not stuck:
+                return  # every task is unwinding: the run ends on its own
+            while len(self.ledger):
+                await self._ledger_changed()  # reports in flight, each under its deadline
+            if self.settled is not None:
+                self.settled()
+            else:
+                log.error("serve() cannot return before the handler(s) of %s return", stuck)
+
+    async def _watch_for_a_cut(self) -> None:
+        """A cancellation of the whole worker (init failure, ``serve()`` cancelled, a
+        second SIGINT) would wait out every shielded report's budget: the state is cut
+        instead, and every report with it (docs/design.md §5)."""
+        with self._cut_scope:
+            try:
+                await trio.sleep_forever()
+            finally:
+                if not self._cut_scope.cancel_called:
+                    self.state.cut_now("the worker was cancelled", now=trio.current_time())
+
+
+class Backoff:
+    """Consecutive failures of one long-poll route, and how long to wait after each."""
+
+    def __init__(self, route: str, timings: Timings) -> None:
+        self.route = route
+        self.timings = timings
+        self.errors = 0
+        self._folded = FoldedLog(log, clock=trio.current_time)
+
+    def rate_limited(self, retry_after: float | None) -> float:
+        """The wait after a 429 that asked for *retry_after* seconds (None: it did not
+        say); a run of them logs one line a minute."""
+        delay = rate_limit_wait(retry_after, self.timings)
+        self._folded.log(logging.WARNING, "%s rate limited; pausing %.1fs", self.route, delay)
+        return delay
+
+    def failed(self, exc: Exception) -> float:
+        """The wait after this failure, logged once here."""
+        self.errors += 1
+        t = self.timings
+        delay = backoff_delay(self.errors, t.error_backoff_min, t.error_backoff_max)
+        # Text, never the exception: a handler that keeps records (caplog, MemoryHandler)
+        # would keep its traceback and the whole finished run (tests/test_log_records.py).
+        log.error("%s failed: %s; retrying in %.2fs", self.route, str(exc), delay)
+        return delay
+
+    def succeeded(self) -> None:
+        self.errors = 0

@@ -9,9 +9,9 @@ group) if trio_worker itself has a bug.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
-import signal
 from typing import TYPE_CHECKING, Literal
 
 import trio
@@ -26,23 +26,25 @@ from ._exceptions import (
     WorkerInternalError,
     exception_leaves,
 )
-from ._handlers import Handler, ThreadWaits
-from ._lifecycle import WorkerPhase
+from ._exit import watch_signals
 from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._progress_calls import ProgressTarget, running_worker
 from ._runner import JobRunner, JobSpec
-from ._shutdown_plan import ShutdownPlan
+from ._scopes import Scopes
+from ._state import WorkerPhase
 from ._supervisor import Supervisor
+from ._watch import records as crash_records
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
     from ._exit import ExitGuard
+    from ._handlers import Handler
     from ._initializer import Initializer
-    from ._lifecycle import TransitionHook
     from ._platform._http import BackendWrapper, StreamOpener
+    from ._state import TransitionHook
 
 log = logging.getLogger("trio_worker")
 
@@ -82,7 +84,7 @@ class WorkerHandle:
             "held": len(supervisor.ledger),
             "ever_held": supervisor.ledger.ever_held,
             "concurrency": supervisor.concurrency,
-            "gate_open": supervisor.phases.gate_open,
+            "gate_open": supervisor.state.gate_open,
             "shutting_down": supervisor.shutting_down,
             "init_failed": supervisor.phase is WorkerPhase.INIT_FAILED,
         }
@@ -201,9 +203,12 @@ async def _serve(
         wrap_backend=seams.wrap_backend,
     )
     supervisor, progress = _build(options, settings, client, capture, seams)
-    if seams.exit_guard is not None:
+    guard = seams.exit_guard
+    if guard is not None:
         token = trio.lowlevel.current_trio_token()
-        seams.exit_guard.attach(token, supervisor.request_shutdown, supervisor.ledger.reporting)
+        guard.attach(token, supervisor.request_shutdown, supervisor.ledger.reporting)
+        supervisor.shutdown_hook = functools.partial(guard.stop, on_loop=True)
+        supervisor.settled = guard.settled
     pinger = _start_heartbeat_thread(settings, supervisor) if seams.heartbeat == "thread" else None
     task_status.started(WorkerHandle(supervisor))
     failure: BaseException | None = None
@@ -214,7 +219,9 @@ async def _serve(
         ):
             async with trio.open_nursery() as outer:
                 if handle_signals:
-                    outer.start_soon(_watch_signals, supervisor)
+                    outer.start_soon(
+                        watch_signals, supervisor.request_shutdown, lambda: supervisor.shutting_down
+                    )
                 if seams.heartbeat == "task" and settings.platform.ping_url:
                     outer.start_soon(
                         heartbeat_task,
@@ -253,7 +260,6 @@ def _build(
     seams: Seams,
 ) -> tuple[Supervisor, ProgressTarget]:
     """The worker's parts, and where its jobs' ``progress_update`` calls go."""
-    waits = ThreadWaits()
     supervisor: Supervisor | None = None
 
     def shared_process() -> bool:
@@ -266,8 +272,11 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
-    # The one owner of stopping, read by every wait of the worker (docs/how-it-works.md).
-    delivery = Delivery(settings, client, ShutdownPlan(settings.timings))
+    # The one deadline registry, read by every wait of the worker (docs/how-it-works.md).
+    waits = Scopes(settings.timings)
+    delivery = Delivery(settings, client, waits)
+    records = crash_records.installed()  # this process is a watched worker
+    delivery.finals = records
     token = trio.lowlevel.current_trio_token()
     progress = ProgressTarget(
         post_progress,
@@ -295,14 +304,13 @@ def _build(
         client=client,
         delivery=delivery,
         runner=runner,
-        waits=waits,
         initializer=options.backend.initializer(options.initializer, waits),
         init_timeout=options.init_timeout,
         concurrency=options.concurrency,
         capture=capture,
         refresh_worker=options.refresh_worker,
         observers=seams.observers,
-        exit_hooks=seams.exit_guard,
+        records=records,
     )
     return supervisor, progress
 
@@ -343,16 +351,6 @@ def _start_heartbeat_thread(settings: Settings, supervisor: Supervisor) -> Heart
     )
     pinger.start()
     return pinger
-
-
-async def _watch_signals(supervisor: Supervisor) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if supervisor.shutting_down and signum == signal.SIGINT:
-                log.warning("second SIGINT: exiting at once")
-                raise KeyboardInterrupt
-            supervisor.request_shutdown(f"{name} received")
 
 
 def describe_settings(settings: Settings) -> str:

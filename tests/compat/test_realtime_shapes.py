@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
+from trio_worker import Timings as _Timings
 from trio_worker._app._realtime import RealtimeApp, _Discarded
 from trio_worker._config import Settings
-from trio_worker._handlers import ThreadWaits
 from trio_worker._options import worker_options
 from trio_worker._runner import JobRunner, JobSpec
+from trio_worker._scopes import Scopes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, MutableMapping
@@ -42,7 +43,12 @@ async def realtime_answer(handler: Callable[[dict[str, Any]], Any], job: dict[st
     options = worker_options(handler, capture_logs="off")
     settings = Settings.from_environ({}, capture_logs="off")
     runner = JobRunner(
-        JobSpec.from_options(options), settings, _Discarded(), None, ThreadWaits(), lambda: False
+        JobSpec.from_options(options),
+        settings,
+        _Discarded(),
+        None,
+        Scopes(_Timings()),
+        lambda: False,
     )
     app = RealtimeApp(runner, "ep", 1)
     sent: list[dict[str, Any]] = []

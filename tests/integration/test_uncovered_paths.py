@@ -30,13 +30,13 @@ import trio
 
 import trio_worker
 import trio_worker.testing
-from trio_worker._lifecycle import JobEvent, JobState
+from trio_worker._state import JobEvent, JobState
 from trio_worker.testing import FakePlatform, memory_network
 
 if TYPE_CHECKING:
     import trio.testing
 
-    from trio_worker._lifecycle import HeldJob
+    from trio_worker._state import HeldJob
 
     from .conftest import Platform
 
@@ -83,7 +83,7 @@ async def serve_in_memory(
     return None
 
 
-async def test_jobs_queued_inside_the_worker_when_init_fails_are_failed_with_it(
+async def test_jobs_just_taken_when_init_fails_are_failed_with_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     platform = FakePlatform(take_hold=5.0)
@@ -91,8 +91,8 @@ async def test_jobs_queued_inside_the_worker_when_init_fails_are_failed_with_it(
     seen = Transitions()
 
     async def fails_once_jobs_are_in() -> None:
-        # The batch take has answered and the run task is starting tasks one job per
-        # scheduling step: failing now leaves the rest queued in the channel.
+        # The batch take has answered and its jobs' tasks are starting: failing now finds
+        # some of them before they reach the gate.
         await seen.first.wait()
         raise RuntimeError("the model failed to load")
 
@@ -106,10 +106,10 @@ async def test_jobs_queued_inside_the_worker_when_init_fails_are_failed_with_it(
         )
     assert failure is not None
     assert platform.statistics().requests_by_route.get("take_batch") == 1
-    never_started = [i for i in ids if JobEvent.WAIT_FOR_INIT not in seen.events[i]]
-    # The path under test was reached: some jobs never had a task of their own.
-    assert never_started, seen.events
-    assert all(seen.events[i] == [JobEvent.FAIL, JobEvent.ACKNOWLEDGE] for i in never_started)
+    # Jobs whose task had not reached the gate yet are failed as the cancellation reaches
+    # them, as those at the gate are.
+    never_waited = [i for i in ids if JobEvent.WAIT_FOR_INIT not in seen.events[i]]
+    assert all(seen.events[i] == [JobEvent.FAIL, JobEvent.ACKNOWLEDGE] for i in never_waited)
     for job_id in ids:
         record = platform.job(job_id)
         assert record.status == "FAILED", (job_id, record)

@@ -10,7 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from trio_worker._lifecycle import TRANSITIONS
+from trio_worker._state import TRANSITIONS
 
 from .usercode import error_type_of
 from .views import EPS, E, S, failure_of, loads_or_none, parse_report, views

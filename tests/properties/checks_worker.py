@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from trio_worker._lifecycle import PHASE_TRANSITIONS, PhaseEvent, WorkerPhase
+from trio_worker._state import PHASE_TRANSITIONS, PhaseEvent, WorkerPhase
 
 from .recorder import Exchange
 from .runner import HANG_LIMIT

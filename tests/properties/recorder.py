@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 import trio
 
 import trio_worker
-from trio_worker._lifecycle import JobEvent, JobState, PhaseEvent, WorkerPhase
+from trio_worker._state import JobEvent, JobState, PhaseEvent, WorkerPhase
 
 from .scenario import PLAIN, NetStep, Scenario
 from .strategies import net_steps
@@ -39,7 +39,7 @@ from .threads import Baton
 if TYPE_CHECKING:
     from hypothesis.strategies import DataObject
 
-    from trio_worker._lifecycle import HeldJob
+    from trio_worker._state import HeldJob
 
     from .chaos import ChaosStream
 

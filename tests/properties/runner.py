@@ -25,7 +25,7 @@ import trio.testing
 import trio_worker
 from trio_worker._capture import OutputCapture
 from trio_worker._capture._redact import Redactor
-from trio_worker._lifecycle import JobState
+from trio_worker._state import JobState
 from trio_worker.testing import FakePlatform
 from trio_worker.testing._memory import memory_network
 

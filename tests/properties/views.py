@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio_worker
-from trio_worker._lifecycle import JobEvent, JobState
+from trio_worker._state import JobEvent, JobState
 
 from .recorder import Exchange, Transition
 from .scenario import JobPlan

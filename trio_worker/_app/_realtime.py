@@ -27,9 +27,9 @@ from .._backends import BACKENDS
 from .._config import Settings
 from .._exceptions import ConfigurationError
 from .._exit import watched_process
-from .._handlers import ThreadWaits
-from .._lifecycle import HeldJob
 from .._runner import JobRunner, JobSpec
+from .._scopes import Scopes
+from .._state import HeldJob
 from ._gate import send_answer
 from ._health import Answer
 from ._loops import app_loop
@@ -181,7 +181,7 @@ def serve_realtime(options: WorkerOptions, port: int) -> int:
         log.warning("RUNPOD_ENDPOINT_ID is not set: the realtime route is not served")
     sockets = bind_ports(Ports(port))
     capture, guard = watched_process(settings, options)
-    waits = ThreadWaits()
+    waits = Scopes(options.timings)
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,

@@ -31,8 +31,8 @@ from .._categories import classify
 from .._errors import clip
 from .._exceptions import ConfigurationError
 from .._fitness import FitnessCheckFailed, check_fitness
-from .._handlers import ThreadWaits
 from .._initializer import call_initializer, run_initializer
+from .._scopes import Scopes
 from ._gate import Gate
 from ._health import Failure, Health, Phase
 from ._lifespan import AppLifespan
@@ -148,7 +148,7 @@ class AppWorker:
         self._capture = capture
         self._environ = environ
         self._fitness = fitness
-        self._waits = ThreadWaits()
+        self._waits = Scopes(options.timings)
         self._loop = loop or app_loop(options.backend, self._waits)
         # The ports bound (0 picks one): the app's, and /ping's.
         self.ports = Ports(sockets[0].getsockname()[1], sockets[-1].getsockname()[1])

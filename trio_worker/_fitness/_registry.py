@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._backends import makes_coroutine
+from .._config import Timings
 from .._errors import safe_str
 from .._exceptions import AsyncioUnderTrio, ConfigurationError
-from .._handlers import ThreadWaits, is_cancellation
+from .._handlers import is_cancellation
+from .._scopes import Scopes
 from .._threads import in_thread
 from ._children import descendants, end_left_behind
 
@@ -134,7 +136,7 @@ async def run_checks(checks: Sequence[Check], *, bound: float, backend: Backend)
     The processes a user's check started and left running are ended once it is over,
     whatever its outcome (``_children``); the built-in checks end their own.
     """
-    waits = ThreadWaits()
+    waits = Scopes(Timings())  # no grace here: each check has its own bound
     for check in checks:
         started = time.perf_counter()
         before = set() if check.native else descendants()
@@ -152,7 +154,7 @@ async def run_checks(checks: Sequence[Check], *, bound: float, backend: Backend)
 
 
 async def run_check(
-    check: Check, *, bound: float, backend: Backend, waits: ThreadWaits
+    check: Check, *, bound: float, backend: Backend, waits: Scopes
 ) -> Failure | None:
     """One check under *bound* seconds; its failure, or None when it passed.
 
@@ -186,7 +188,7 @@ async def run_check(
     return Failure(check.name, f"{type(error).__name__}: {safe_str(error)}")
 
 
-async def _call(check: Check, backend: Backend, waits: ThreadWaits) -> None:
+async def _call(check: Check, backend: Backend, waits: Scopes) -> None:
     fn = check.fn
     if check.native:
         await fn()
@@ -201,5 +203,5 @@ async def _call(check: Check, backend: Backend, waits: ThreadWaits) -> None:
         await _await_on(backend, result, waits)
 
 
-async def _await_on(backend: Backend, awaitable: Awaitable[Any], waits: ThreadWaits) -> None:
+async def _await_on(backend: Backend, awaitable: Awaitable[Any], waits: Scopes) -> None:
     await backend.await_result(awaitable, waits, cancel_bound=_ASYNCIO_CANCEL_BOUND)

@@ -20,8 +20,8 @@ holds unsent records and how many times it dropped some; a watchdog whose pipe d
 tell it everything forgets the held jobs (:meth:`Ledger.trust`).
 
 The same shared memory keeps the body of every terminal report in flight (``_finals``):
-:func:`final` before the first attempt, dropped by :func:`settle` *after* the settle
-record is written. So at any moment a job whose final may have reached the platform is
+:meth:`Records.final` before the first attempt, dropped by :meth:`Records.settle` *after*
+the settle record is written. So at any moment a job whose final may have reached the platform is
 either kept (the watchdog resends the same body) or settled (it sends nothing); only a
 held job with neither is reported ``WorkerCrashed``. A stop or a release is settled when it
 is requested, since the platform expects no report for it.
@@ -40,7 +40,7 @@ from ._finals import STATE_BYTES, Finals
 
 _STATE = struct.Struct("QQ")  # unsent records (0/1), overflows so far
 
-__all__ = ["Ledger", "RecordWriter", "final", "ready", "settle", "take"]
+__all__ = ["Ledger", "RecordWriter", "Records", "install", "installed"]
 
 TAKE = "T"
 SETTLE = "S"
@@ -163,55 +163,55 @@ class Ledger:
             self.settled += 1
 
 
-_writer: RecordWriter | None = None
-_finals: Finals | None = None
+class Records:
+    """The watched worker's side: what the state and the delivery tell the watchdog,
+    through the hooks the supervisor installs (``_state.CrashRecords``, ``Delivery.finals``)."""
+
+    def __init__(self, fd: int, state_fd: int, state: mmap.mmap) -> None:
+        os.set_blocking(fd, False)
+        self.writer = RecordWriter(fd, state=state)
+        self.finals = Finals(state_fd, state)
+
+    def take(self, job_id: str) -> None:
+        """A job entered the ledger."""
+        self.writer.write(TAKE, job_id)
+
+    def ready(self) -> None:
+        """The initializer finished."""
+        self.writer.write(READY, "")
+
+    def final(self, job_id: str, body: bytes, *, is_stream: bool) -> None:
+        """A terminal report is about to be posted. From here on the watchdog never sends a
+        different final for the job: it resends *body* itself, or, where the body could not
+        be kept, nothing (a settle record)."""
+        if not self.finals.keep(job_id, body, is_stream=is_stream):
+            self.writer.write(SETTLE, job_id)
+
+    def settle(self, job_id: str) -> None:
+        """A job left the ledger, or the platform expects no report for it any more (a stop
+        or a release was requested)."""
+        self.writer.write(SETTLE, job_id)
+        self.finals.drop(job_id)  # after the record: never neither kept nor settled
+
+
+_installed: Records | None = None
 
 
 def install(fd: int, state_fd: int, state: mmap.mmap) -> None:
     """In the watched worker: *fd* the record pipe's write end, *state_fd* and *state*
     the shared memory (`open_state`), kept open for the terminal bodies."""
-    global _writer, _finals
-    os.set_blocking(fd, False)
-    _writer = RecordWriter(fd, state=state)
-    _finals = Finals(state_fd, state)
+    global _installed
+    _installed = Records(fd, state_fd, state)
+
+
+def installed() -> Records | None:
+    """This process's records, when it is a watched worker (the supervisor's hooks)."""
+    return _installed
 
 
 def uninstall() -> None:
-    global _writer, _finals
-    if _writer is not None:
+    global _installed
+    if _installed is not None:
         with contextlib.suppress(OSError):
-            os.close(_writer._fd)
-    _writer = None
-    _finals = None
-
-
-def take(job_id: str) -> None:
-    """A job entered the ledger (no-op unless the worker is watched)."""
-    if _writer is not None:
-        _writer.write(TAKE, job_id)
-
-
-def ready() -> None:
-    """The initializer finished (no-op unless the worker is watched)."""
-    if _writer is not None:
-        _writer.write(READY, "")
-
-
-def final(job_id: str, body: bytes, *, is_stream: bool) -> None:
-    """A terminal report is about to be posted (no-op unless the worker is watched).
-
-    From here on the watchdog never sends a different final for the job: it resends
-    *body* itself, or, where the body could not be kept, nothing (a settle record).
-    """
-    if _finals is not None and _writer is not None:
-        if not _finals.keep(job_id, body, is_stream=is_stream):
-            _writer.write(SETTLE, job_id)
-
-
-def settle(job_id: str) -> None:
-    """A job left the ledger, or the platform expects no report for it any more (a stop
-    or a release was requested). No-op unless the worker is watched."""
-    if _writer is not None:
-        _writer.write(SETTLE, job_id)
-        if _finals is not None:
-            _finals.drop(job_id)  # after the record: never neither kept nor settled
+            os.close(_installed.writer._fd)
+    _installed = None

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
     from .._config import Settings
-    from .._shutdown_plan import ShutdownPlan
+    from .._scopes import Scopes
 
 log = logging.getLogger("trio_worker")
 
@@ -103,7 +103,7 @@ async def report_held(
     ``REPORTS_AT_ONCE`` are in flight, so a worker that held a huge number of jobs costs
     neither a connection nor a body each at once.
 
-    The reports get the worker's own rules under one shutdown plan: its delivery budget,
+    The reports get the worker's own rules under one deadline registry: its delivery budget,
     cut by ``shutdown_grace`` from now. A SIGTERM, SIGINT or SIGHUP meanwhile cuts the
     reports at once (each still gets ``report_deadline`` from its start, as the worker's
     own); a second one calls *leave_now*, as a second signal ends the worker at once.
@@ -113,11 +113,11 @@ async def report_held(
     from .._delivery import Delivery
     from .._platform._client import PlatformClient
     from .._platform._heartbeat import heartbeat_task
-    from .._shutdown_plan import ShutdownPlan
+    from .._scopes import Scopes
 
     client = PlatformClient(settings.platform, settings.timings)
-    plan = ShutdownPlan(settings.timings)
-    plan.drain("the worker died; reporting the jobs it held", now=trio.current_time())
+    plan = Scopes(settings.timings)
+    plan.state.drain("the worker died; reporting the jobs it held", now=trio.current_time())
     delivery = Delivery(settings, client, plan)
     remaining = dict.fromkeys([*finals, *crashed])
     outcome: dict[str, bool] = {}
@@ -162,7 +162,7 @@ async def report_held(
 class _Cut:
     """The first stop signal cuts the reports to their deadlines; a second ends them."""
 
-    def __init__(self, plan: ShutdownPlan, leave_now: Callable[[], NoReturn]) -> None:
+    def __init__(self, plan: Scopes, leave_now: Callable[[], NoReturn]) -> None:
         self.plan = plan
         self.leave_now = leave_now
         self.seen = 0
@@ -172,7 +172,7 @@ class _Cut:
         log.warning("crash watchdog: %s while reporting", signal.Signals(signum).name)
         if self.seen > 1:
             self.leave_now()
-        self.plan.cut(signal.Signals(signum).name, now=trio.current_time())
+        self.plan.state.cut_now(signal.Signals(signum).name, now=trio.current_time())
 
 
 async def _cut_on_signal(signals: AsyncIterator[int], cut: _Cut) -> None:

@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from .._config import CaptureMode, Timings
     from .._handlers import Handler
     from .._initializer import Initializer
-    from .._lifecycle import TransitionHook
     from .._options import Concurrency
     from .._platform._http import BackendWrapper, StreamOpener
+    from .._state import TransitionHook
     from ._http_server import ASGIApp
 
 

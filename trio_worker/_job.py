@@ -15,48 +15,39 @@ unwinds and settles the job itself.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._decisions import (
+from ._handlers import is_cancellation
+from ._scopes import at_grace_end
+from ._state import (
     ADMISSION_EVENTS,
+    Admission,
+    JobEvent,
+    JobState,
     Outcome,
+    WorkerPhase,
     on_admit,
     on_cancelled,
     on_delivered,
     on_stuck,
     releases_at_shutdown,
 )
-from ._handlers import is_cancellation
-from ._lifecycle import JobEvent, JobState, WorkerPhase
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._config import Timings
     from ._delivery import Delivery
-    from ._lifecycle import HeldJob, Ledger, Phases
+    from ._options import Concurrency
     from ._platform._wire import TakeResponse
     from ._runner import JobRunner, Report
-    from ._shutdown_plan import ShutdownPlan
+    from ._state import HeldJob, Ledger, WorkerState
 
 log = logging.getLogger("trio_worker")
-
-
-def _grace_end(plan: ShutdownPlan) -> float:
-    return plan.grace_end
-
-
-def drain(receive: trio.MemoryReceiveChannel[HeldJob]) -> list[HeldJob]:
-    """The jobs still queued in *receive*, taken without waiting."""
-    jobs = []
-    while True:
-        try:
-            jobs.append(receive.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            return jobs
 
 
 class JobDriver:
@@ -64,21 +55,20 @@ class JobDriver:
         self,
         *,
         ledger: Ledger,
-        phases: Phases,
+        state: WorkerState,
         gate: trio.Event,
         runner: JobRunner,
         delivery: Delivery,
-        plan: ShutdownPlan,
         timings: Timings,
         refresh: Callable[[], None] | None,
-        slots: trio.CapacityLimiter,
+        slots: Slots,
     ) -> None:
         self.ledger = ledger
-        self.phases = phases
+        self.state = state
         self.gate = gate
         self.runner = runner
         self.delivery = delivery
-        self.plan = plan
+        self.scopes = delivery.plan
         self.timings = timings
         self.refresh = refresh
         self.slots = slots
@@ -89,13 +79,13 @@ class JobDriver:
 
     def __repr__(self) -> str:
         states = ", ".join(f"{job.id}: {job.state.value}" for job in self.ledger)
-        return f"<JobDriver {self.phases.phase.value} jobs={{{states}}} scopes={len(self._scopes)}>"
+        return f"<JobDriver {self.state.phase.value} jobs={{{states}}} scopes={len(self._scopes)}>"
 
     def fire(self, job: HeldJob, event: JobEvent) -> None:
         if self.ledger.fire(job, event).terminal:
             scope = self._scopes.pop(job.id, None)
             if scope is not None:
-                self.plan.unbind(scope)
+                self.scopes.unbind(scope)
 
     def request(self, job: HeldJob, event: JobEvent) -> None:
         """Fire a stop or release request and cancel the job's scope, so its task unwinds."""
@@ -122,17 +112,19 @@ class JobDriver:
                 continue
             # A job's scope ends with the shutdown's grace (docs/design.md §9).
             self._scopes[job_id] = scope = trio.CancelScope()
-            self.plan.bind(scope, _grace_end)
+            self.scopes.bind(scope, at_grace_end)
             job.reason = malformed or ""
             held.append((job, malformed is not None))
         # Every job of the answer is held before any of them moves (the ledger is the take).
         for job, is_malformed in held:
             admission = on_admit(
-                self.phases.phase,
-                gate_open=self.phases.gate_open,
+                self.state.phase,
+                gate_open=self.state.gate_open,
                 stop_remembered=stop_remembered(job.id),
                 malformed=is_malformed,
             )
+            if admission is Admission.RUN:
+                self.slots.queue(job.id)  # handler slots go in this order (Slots)
             event = ADMISSION_EVENTS.get(admission)
             if event is JobEvent.MARK_MALFORMED:
                 self.fire(job, event)
@@ -155,7 +147,7 @@ class JobDriver:
         for job in self.ledger:
             if job.id not in self._scopes:
                 continue
-            if releases_at_shutdown(job.state, gate_open=self.phases.gate_open):
+            if releases_at_shutdown(job.state, gate_open=self.state.gate_open):
                 self.request(job, JobEvent.REQUEST_RELEASE)
 
     # -- one job's task -------------------------------------------------------------------
@@ -164,6 +156,7 @@ class JobDriver:
         try:
             await self._run_and_report(job)
         finally:
+            self.slots.forget(job.id)  # stopped, released or failed before its turn
             # Stopped, released or reported: no progress update of the job may go on.
             self.delivery.progress.discard(job.id)
 
@@ -196,7 +189,7 @@ class JobDriver:
         if job.state is JobState.MALFORMED:
             self.fire(job, JobEvent.FAIL)
             return self.runner.malformed_report(job.id, job.reason)
-        if not self.phases.gate_open:
+        if not self.state.gate_open:
             self.fire(job, JobEvent.WAIT_FOR_INIT)
             await self.gate.wait()
             # A stop or release in the same step as the gate opened: it wins.
@@ -224,23 +217,22 @@ class JobDriver:
         A take may deliver more jobs than asked for: every one is held (pinged, owed a
         report), but no more than ``concurrency`` handlers run at once (docs/design.md §4 I7).
         """
-        try:
-            self.slots.acquire_nowait()
-        except trio.WouldBlock:
-            self.fire(job, JobEvent.WAIT_FOR_SLOT)
-            if self.phases.phase is WorkerPhase.DRAINING:
-                # Delivered during a shutdown with no slot free: it would never start in time.
-                self.request(job, JobEvent.REQUEST_RELEASE)
+        if self.slots.take_nowait(job.id):
+            return
+        self.fire(job, JobEvent.WAIT_FOR_SLOT)
+        if self.state.phase is WorkerPhase.DRAINING:
+            # Delivered during a shutdown with no slot free: it would never start in time.
+            self.request(job, JobEvent.REQUEST_RELEASE)
+        await self._unwind_if_requested(job)
+        await self.slots.take(job.id)
+        if job.state is not JobState.WAITING_FOR_SLOT:
+            # A stop or release in the same step as the slot freed: it wins.
+            self.slots.release()
             await self._unwind_if_requested(job)
-            await self.slots.acquire()
-            if job.state is not JobState.WAITING_FOR_SLOT:
-                # A stop or release in the same step as the slot freed: it wins.
-                self.slots.release()
-                await self._unwind_if_requested(job)
 
     def _outcome(self, job: HeldJob) -> Outcome:
-        grace_over = self.plan.grace_over(trio.current_time())
-        return on_cancelled(job.state, self.phases.phase, grace_over=grace_over)
+        grace_over = self.state.grace_over(trio.current_time())
+        return on_cancelled(job.state, self.state.phase, grace_over=grace_over)
 
     def _settle_now(self, job: HeldJob) -> bytes | None:
         """Settle a cancelled job (``on_cancelled``); the body it is owed, if any."""
@@ -264,7 +256,7 @@ class JobDriver:
     async def _report(self, job: HeldJob, body: bytes, *, is_stream: bool) -> None:
         delivered = await self.delivery.deliver(job.id, body, is_stream=is_stream)
         event, drain = on_delivered(
-            self.phases.phase, delivered=delivered, refresh_worker=self.refresh is not None
+            self.state.phase, delivered=delivered, refresh_worker=self.refresh is not None
         )
         self.fire(job, event)
         if drain and self.refresh is not None:
@@ -306,3 +298,143 @@ class JobDriver:
                 body = self._settle_now(job)
                 if body is not None:
                     nursery.start_soon(partial(self._report, job, body, is_stream=False))
+
+
+class Slots:
+    """The ``concurrency`` handler slots, handed out in the order the jobs were admitted: a
+    take answer's jobs start in the order the platform sent them, oldest first, whichever
+    of their tasks runs first. A slot freed goes to the oldest job waiting for one."""
+
+    def __init__(self, total: int) -> None:
+        self._total = total
+        self.used = 0
+        self._admitted = 0
+        # In admission order: each job's number, and its wake-up once it waits (None: its
+        # task has not asked yet, and a slot may be kept for it). An OrderedDict: its first
+        # item is O(1) after any number of pops from the front (a plain dict's is not).
+        self._queue: OrderedDict[str, list[Any]] = OrderedDict()
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    @total.setter
+    def total(self, value: int) -> None:
+        self._total = value
+        self._grant()
+
+    def queue(self, job_id: str) -> None:
+        """A job was admitted: its turn for a slot comes after every job admitted before."""
+        self._queue[job_id] = [self._admitted, None]
+        self._admitted += 1
+
+    def take_nowait(self, job_id: str) -> bool:
+        """Take a slot now if enough are free for it and every job queued before it (the
+        count of those is at most the difference of their numbers: O(1))."""
+        turn = self._queue.get(job_id)
+        if turn is None:
+            return False
+        first = next(iter(self._queue.values()))[0]
+        if turn[0] - first >= self._total - self.used:
+            return False
+        del self._queue[job_id]
+        self.used += 1
+        if turn[0] == first:
+            # A later job may be waiting behind this one only because the bound above
+            # counted it: its turn may have come.
+            self._grant()
+        return True
+
+    async def take(self, job_id: str) -> None:
+        """Wait for this job's turn and a free slot."""
+        granted = self._queue[job_id][1] = trio.Event()
+        self._grant()
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():  # granted as the cancellation came: give it back
+                self.release()
+            raise
+        finally:
+            self.forget(job_id)
+
+    def release(self) -> None:
+        self.used -= 1
+        self._grant()
+
+    def forget(self, job_id: str) -> None:
+        """The job needs no slot any more (stopped, released, failed, or it has one)."""
+        if self._queue.pop(job_id, None) is not None:
+            self._grant()
+
+    def _grant(self) -> None:
+        while self.used < self._total and self._queue:
+            job_id, (_, waiting) = next(iter(self._queue.items()))
+            if waiting is None:
+                return  # its task has not asked yet: the slot is kept for it
+            del self._queue[job_id]
+            self.used += 1
+            waiting.set()
+
+
+class Capacity:
+    """The concurrency in force: a fixed int, or ``f(current) -> int`` asked before every
+    take (a bad answer or an exception keeps the current value). ``slots`` admits that many
+    handlers at once, whatever a take delivered; its total follows every evaluation."""
+
+    def __init__(self, concurrency: Concurrency) -> None:
+        self._fn = concurrency if callable(concurrency) else None
+        self.value = 1 if callable(concurrency) else concurrency
+        self.slots = Slots(self.value)
+
+    def evaluate(self) -> int:
+        if self._fn is None:
+            return self.value
+        try:
+            wanted = self._fn(self.value)
+        except Exception:
+            log.exception("concurrency callable raised; keeping %d", self.value)
+            return self.value
+        if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 1:
+            self.value = self.slots.total = wanted
+        else:
+            log.error("concurrency callable returned %r; keeping %d", wanted, self.value)
+        return self.value
+
+
+class StopMemory:
+    """Stops for ids not (yet) held: the take that delivers the job may still be on the
+    wire (the reference forgets them, docs/protocol.md §8 item 6).
+
+    At most *size* ids are kept: past it, those older than *seconds* go, then the oldest.
+    Kept in arrival order in an ``OrderedDict`` (the clock never goes back), so forgetting
+    pops from its front: a job-stop answer naming 100,000 unknown ids costs linear time
+    and *size* entries (docs/security.md).
+    """
+
+    def __init__(self, seconds: float, size: int) -> None:
+        self.seconds = seconds
+        self.size = size
+        self._stops: OrderedDict[str, float] = OrderedDict()
+        self.forgotten_early = 0  # recent stops dropped because of the size bound
+
+    def __len__(self) -> int:
+        return len(self._stops)
+
+    def remember(self, job_id: str, now: float) -> None:
+        stops = self._stops
+        stops[job_id] = now
+        stops.move_to_end(job_id)  # a repeated stop goes to the back, with its new time
+        if len(stops) <= self.size:
+            return
+        while stops:
+            oldest = next(iter(stops))
+            if now - stops[oldest] < self.seconds:
+                if len(stops) <= self.size:
+                    return
+                self.forgotten_early += 1
+            del stops[oldest]
+
+    def consume(self, job_id: str) -> bool:
+        """Whether a stop for *job_id* was remembered; it is forgotten either way."""
+        return self._stops.pop(job_id, None) is not None
