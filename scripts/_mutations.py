@@ -67,14 +67,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "gate-opened-early",
-        "_supervisor.py _init_task: the gate is set before the initializer runs",
+        "_supervisor.py _init_task: the gate is opened before the initializer runs",
         (
             Patch(
                 "trio_worker/_supervisor.py",
-                "        with self.plan.open_scope(ShutdownPlan.when_stopping):\n"
+                "        with self.scopes.open_scope(when_stopping):\n"
                 "            failure = await run_initializer(",
-                "        with self.plan.open_scope(ShutdownPlan.when_stopping):\n"
-                "            self.gate.set()\n"
+                "        with self.scopes.open_scope(when_stopping):\n"
+                "            self._open_gate()\n"
                 "            failure = await run_initializer(",
             ),
         ),
@@ -106,10 +106,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "take-cut-now",
-        "_shutdown_plan.py drain: the take's deadline is set to now, not shortened",
+        "_state.py WorkerState.drain: the take's deadline is set to now, not shortened",
         (
             Patch(
-                "trio_worker/_shutdown_plan.py",
+                "trio_worker/_state.py",
                 "self.take_end = min(self.take_end, now + min(timings.take_drain, "
                 "timings.shutdown_grace))",
                 "self.take_end = now",
@@ -118,10 +118,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "stopped-job-reported",
-        "_driver.py _prepare: a stopped running job is reported instead of STOP",
+        "_job.py _prepare: a stopped running job is reported instead of STOP",
         (
             Patch(
-                "trio_worker/_driver.py",
+                "trio_worker/_job.py",
                 "if not is_cancellation(exc) or self._outcome(job) is not Outcome.REPORT_SHUTDOWN:",
                 "if not is_cancellation(exc) or self._outcome(job) is Outcome.PROPAGATE:",
             ),
@@ -179,10 +179,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "released-job-still-held",
-        "_lifecycle.py Ledger.fire: a RELEASED job stays in the ledger (and in pings)",
+        "_state.py Ledger.fire: a RELEASED job stays in the ledger (and in pings)",
         (
             Patch(
-                "trio_worker/_lifecycle.py",
+                "trio_worker/_state.py",
                 "        if state.terminal:\n            with self._lock:",
                 "        if state.terminal and state is not JobState.RELEASED:\n"
                 "            with self._lock:",
@@ -192,10 +192,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "claim-grace-tripled",
-        "_shutdown_plan.py fail_init: the take in flight gets 3 x claim_grace",
+        "_state.py WorkerState.fail_init: the take in flight gets 3 x claim_grace",
         (
             Patch(
-                "trio_worker/_shutdown_plan.py",
+                "trio_worker/_state.py",
                 "self.take_end = min(failed_at + self.timings.claim_grace, self.grace_end)",
                 "self.take_end = min(failed_at + 3 * self.timings.claim_grace, self.grace_end)",
             ),
@@ -256,10 +256,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "shutdown-waits-on-take",
-        "_shutdown_plan.py drain: the take in flight is not shortened",
+        "_state.py WorkerState.drain: the take in flight is not shortened",
         (
             Patch(
-                "trio_worker/_shutdown_plan.py",
+                "trio_worker/_state.py",
                 "        self.take_end = min(self.take_end, now + min(timings.take_drain, "
                 "timings.shutdown_grace))\n",
                 "",
