@@ -93,7 +93,7 @@ def test_serve_carries_no_test_seams_and_testing_serve_has_them() -> None:
 def test_error_types_in_payloads_are_importable() -> None:
     # Payloads name them "trio_worker.MalformedJob", "trio_worker.AsyncioUnderTrio", ...
     from trio_worker import AsyncioUnderTrio, MalformedJob, TrioUnderAsyncio
-    from trio_worker._errors import error_type_name
+    from trio_worker._tracebacks import error_type_name
 
     assert error_type_name(MalformedJob("x")) == "trio_worker.MalformedJob"
     assert error_type_name(AsyncioUnderTrio("x")) == "trio_worker.AsyncioUnderTrio"

@@ -14,6 +14,7 @@ from trio_worker._config import Settings
 from trio_worker._handlers import ThreadWaits
 from trio_worker._lifecycle import HeldJob
 from trio_worker._options import AsyncBackend, worker_options
+from trio_worker._payloads import Payloads
 from trio_worker._progress_calls import ProgressTarget, current_progress
 from trio_worker._runner import JobRunner, JobSpec
 
@@ -38,11 +39,12 @@ class ListChunks:
 
 
 def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> JobRunner:
+    worker = worker_options(handler, async_backend=cast("AsyncBackend", backend), **options)
+    settings = Settings.from_environ({}, capture_logs="off")
     return JobRunner(
-        JobSpec.from_options(
-            worker_options(handler, async_backend=cast("AsyncBackend", backend), **options)
-        ),
-        Settings.from_environ({}, capture_logs="off"),
+        JobSpec.from_options(worker),
+        settings,
+        Payloads.for_worker(settings, stop_pod=worker.refresh_worker),
         chunks,
         None,
         ThreadWaits(),

@@ -8,8 +8,9 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
   machine and the ledger of held jobs; ``_initializer``, ``_runner`` and ``_handlers`` run
   the user's code.
 - ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
-  ``_capture/`` captures and redacts output; ``_results``, ``_errors`` and ``_categories``
-  build the payloads. None of these imports anything above it.
+  ``_capture/`` captures and redacts output; ``_payloads`` (every body, one JSON policy;
+  with ``_fitting``, ``_json_problems``), ``_tracebacks`` and ``_categories`` build the
+  payloads. None of these imports anything above it.
 - ``_fitness/`` runs the fitness checks before the first take (``register_fitness_check``,
   the built-in checks, the unhealthy ping; docs/reference.md, "Fitness checks").
 - ``_backends`` is the one place the trio and asyncio backends differ; ``_shutdown_plan``

@@ -29,17 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import WorkerIdentity, encode_body, refused_result_body
 from ._pacing import backoff_delay, rate_limit_wait
+from ._payloads import notice
 from ._platform._client import ReportOutcome, is_retryable
 from ._progress import ProgressPosts
-from ._version import __version__
 from ._watch import records as crash_records
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._config import Settings
+    from ._payloads import Payloads
     from ._platform._client import PlatformClient
     from ._shutdown_plan import ShutdownPlan
 
@@ -50,13 +50,14 @@ REFUSED = {400: "bad request", 413: "payload too large"}
 
 
 class Delivery:
-    def __init__(self, settings: Settings, client: PlatformClient, plan: ShutdownPlan) -> None:
+    def __init__(
+        self, settings: Settings, client: PlatformClient, plan: ShutdownPlan, payloads: Payloads
+    ) -> None:
         self.settings = settings
         self.timings = settings.timings
         self.client = client
         self.plan = plan
-        platform = settings.platform
-        self.identity = WorkerIdentity(platform.worker_id, platform.hostname, __version__)
+        self.payloads = payloads
         self.progress = ProgressPosts(settings, plan, self.post)
         # The jobs whose terminal report is in flight, and when each began.
         self._reporting: dict[str, float] = {}
@@ -169,26 +170,19 @@ class Delivery:
             REFUSED[status],
             len(body),
         )
-        notice = self._refusal_body(job_id, status, body)
+        replacement = self._refusal_body(job_id, status, body)
         # The refused body was not stored: the notice is the final the watchdog would send.
-        crash_records.final(job_id, notice, is_stream=is_stream)
+        crash_records.final(job_id, replacement, is_stream=is_stream)
         refusal = ReportOutcome(attempts=outcome.attempts)
-        await self.post(url, notice, job_id=job_id, outcome=refusal)
+        await self.post(url, replacement, job_id=job_id, outcome=refusal)
         outcome.delivered, outcome.attempts = refusal.delivered, refusal.attempts
         outcome.last_error = refusal.last_error and f"{refusal.last_error} (refusal report)"
 
     def _refusal_body(self, job_id: str, status: int, body: bytes) -> bytes:
-        notice = refused_result_body(
-            job_id=job_id,
-            status=status,
-            reason=REFUSED[status],
-            size=len(body),
-            identity=self.identity,
-            redactor=self.settings.redactor,
+        refusal = notice(
+            "ResultRefused", job_id=job_id, status=status, reason=REFUSED[status], size=len(body)
         )
-        if _asks_stop_pod(body):
-            notice["stopPod"] = True
-        return encode_body(notice)
+        return self.payloads.error(refusal, stop_pod=_asks_stop_pod(body))
 
 
 def _worth_logging(attempt: int) -> bool:

@@ -48,9 +48,10 @@ from ._exceptions import (
     TransportError,
 )
 from ._grace import Grace
-from ._initializer import Initializer, init_failure_report, run_initializer
+from ._initializer import Initializer, run_initializer
 from ._intake import Backoff, Capacity, StopMemory
 from ._lifecycle import Ledger, PhaseEvent, Phases, WorkerPhase
+from ._payloads import JobError
 from ._progress import warn_too_late
 from ._shutdown_plan import ShutdownPlan
 from ._tracebacks import one_line
@@ -233,9 +234,7 @@ class Supervisor:
             len(self.ledger),
         )
         self.failure = failure
-        self.driver.init_failed_body = init_failure_report(
-            failure, self.runner.identity, self.settings.redactor
-        )
+        self.driver.init_failed_body = self.runner.payloads.error(JobError.init_failed(failure))
         self.plan.fail_init("the initializer failed", failed_at=failure.failed_at)
         self._enter(PhaseEvent.INIT_FAIL)
         assert self._nursery is not None

@@ -29,6 +29,7 @@ from ._exceptions import (
 from ._handlers import Handler, ThreadWaits
 from ._lifecycle import WorkerPhase
 from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
+from ._payloads import Payloads
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._progress_calls import ProgressTarget, running_worker
@@ -266,8 +267,10 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
+    # Every body of the worker's jobs, with its identity, built once here.
+    payloads = Payloads.for_worker(settings, stop_pod=options.refresh_worker)
     # The one owner of stopping, read by every wait of the worker (docs/how-it-works.md).
-    delivery = Delivery(settings, client, ShutdownPlan(settings.timings))
+    delivery = Delivery(settings, client, ShutdownPlan(settings.timings), payloads)
     token = trio.lowlevel.current_trio_token()
     progress = ProgressTarget(
         post_progress,
@@ -279,6 +282,7 @@ def _build(
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
+        payloads,
         ChunkConvoy(
             client.post_pipelined,
             beside_the_jobs,

@@ -20,6 +20,7 @@ from trio_worker._app._realtime import RealtimeApp, _Discarded
 from trio_worker._config import Settings
 from trio_worker._handlers import ThreadWaits
 from trio_worker._options import worker_options
+from trio_worker._payloads import Payloads
 from trio_worker._runner import JobRunner, JobSpec
 
 if TYPE_CHECKING:
@@ -42,7 +43,13 @@ async def realtime_answer(handler: Callable[[dict[str, Any]], Any], job: dict[st
     options = worker_options(handler, capture_logs="off")
     settings = Settings.from_environ({}, capture_logs="off")
     runner = JobRunner(
-        JobSpec.from_options(options), settings, _Discarded(), None, ThreadWaits(), lambda: False
+        JobSpec.from_options(options),
+        settings,
+        Payloads.for_worker(settings),
+        _Discarded(),
+        None,
+        ThreadWaits(),
+        lambda: False,
     )
     app = RealtimeApp(runner, "ep", 1)
     sent: list[dict[str, Any]] = []

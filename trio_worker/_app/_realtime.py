@@ -29,6 +29,7 @@ from .._exceptions import ConfigurationError
 from .._exit import watched_process
 from .._handlers import ThreadWaits
 from .._lifecycle import HeldJob
+from .._payloads import Payloads
 from .._runner import JobRunner, JobSpec
 from ._gate import send_answer
 from ._health import Answer
@@ -185,6 +186,7 @@ def serve_realtime(options: WorkerOptions, port: int) -> int:
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
+        Payloads.for_worker(settings, stop_pod=options.refresh_worker),
         _Discarded(),
         capture,
         waits,

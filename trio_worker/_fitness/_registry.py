@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._backends import makes_coroutine
-from .._errors import safe_str
 from .._exceptions import AsyncioUnderTrio, ConfigurationError
 from .._handlers import ThreadWaits, is_cancellation
 from .._threads import in_thread
+from .._tracebacks import safe_str
 from ._children import descendants, end_left_behind
 
 if TYPE_CHECKING:
