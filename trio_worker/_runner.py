@@ -294,10 +294,8 @@ def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | Keyboa
     the exception to report, worded with the exit status, and a fresh one for ``serve()``
     to raise at the end. Anything else: *exc* and None.
     """
-    leaf: BaseException | None = exc
-    if isinstance(exc, BaseExceptionGroup):
-        found, _ = exc.split((SystemExit, KeyboardInterrupt))
-        leaf = exception_leaves(found)[0] if found is not None else None
+    leaves = exception_leaves(exc)
+    leaf = next((e for e in leaves if isinstance(e, SystemExit | KeyboardInterrupt)), None)
     fresh: SystemExit | KeyboardInterrupt
     if isinstance(leaf, KeyboardInterrupt):
         fresh = KeyboardInterrupt()

@@ -251,11 +251,8 @@ def _exit_status_for(exc: BaseException) -> int:
 
 def _sole_leaf(exc: BaseException) -> BaseException:
     """The one exception inside *exc* (Cancelled aside), or *exc* itself."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    _, rest = exc.split(trio.Cancelled)
-    leaves = exception_leaves(rest) if rest is not None else []
-    return _sole_leaf(leaves[0]) if len(leaves) == 1 else exc
+    leaves = exception_leaves(exc, ignore=trio.Cancelled)
+    return leaves[0] if len(leaves) == 1 else exc
 
 
 # Binding the local endpoint failed for a reason the user fixes with another host or port.

@@ -319,9 +319,8 @@ def _outside(group: BaseExceptionGroup[BaseException]) -> BaseException:
     the caller's scope, one of our documented errors is itself, anything else is a bug.
     """
     outside: BaseException
-    interrupts, _ = group.split(KeyboardInterrupt)
     leaves = exception_leaves(group)
-    if interrupts is not None:
+    if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
         outside = KeyboardInterrupt()
     elif all(isinstance(leaf, trio.Cancelled) for leaf in leaves):
         return leaves[0]
