@@ -1,24 +1,16 @@
 """Fitting an error body within 64 KiB: clipping, redaction first, a fair share per field.
 
-An error body is built from text the SDK does not control (an exception message, a
-traceback, the captured output) and posted to a platform that refuses oversized bodies
-(docs/protocol.md §8 #32). Whatever it is given, a body fitted here (docs/design.md I6):
+An error body carries text the SDK does not control to a platform that refuses oversized
+bodies (docs/protocol.md §8 #32). Whatever it is given, a fitted body (docs/design.md I6)
+has every text field redacted *before* any cut (so no half secret is left), clipped head
+and tail (logs keep their tail), lone surrogates made U+FFFD, and encodes to at most
+``MAX_ERROR_BODY_BYTES``, ``stopPod`` and the stream notes included.
 
-- has every text field redacted (docs/design.md §8) *before* it is cut, so a cut never
-  leaves half a secret behind;
-- has every field clipped, keeping head and tail (logs keep their tail: the end of the
-  output is where a crash is explained);
-- has lone surrogates (``"\\ud800"``, from ``surrogateescape``-decoded bytes) made U+FFFD;
-- encodes to at most ``MAX_ERROR_BODY_BYTES``, ``stopPod`` and the stream notes included.
-
-Theory of operation
--------------------
 The body is first built with every field at its own limit: the common case, one encoding.
-Only when it is too large (megabytes of ASCII, or kilobytes of quotes, control characters
-or non-ASCII text: the handler shape's inner JSON is escaped twice, docs/protocol.md §3.7)
-is the byte budget left after the fixed parts shared between the large fields (small ones
-keep what they use, the rest split what is left), each over its share re-clipped to the
-longest head and tail that fits. A field is re-clipped from its source, so its
+Only when it is too large (megabytes of text, or kilobytes of quotes, control characters or
+non-ASCII text, escaped twice in the handler shape, docs/protocol.md §3.7) is the byte
+budget left after the fixed parts shared between the large fields, water-filling, each one
+over its share re-clipped from its source to the longest head and tail that fits, so its
 "[N characters truncated]" count stays true.
 """
 

@@ -30,25 +30,6 @@ from ._tracebacks import format_traceback, safe_str
 Initializer = Callable[[], Any]
 
 
-def validate_init_timeout(init_timeout: float | None) -> float | None:
-    """Check *init_timeout*: None (no SDK bound) or a number >= 0 (0 times out at once).
-
-    Raises:
-        ConfigurationError: for a negative, NaN or non-numeric value.
-    """
-    from ._exceptions import ConfigurationError
-
-    if init_timeout is None:
-        return None
-    if isinstance(init_timeout, bool) or not isinstance(init_timeout, int | float):
-        raise ConfigurationError(
-            f"init_timeout must be a number of seconds or None, got {init_timeout!r}"
-        )
-    if math.isnan(init_timeout) or init_timeout < 0:
-        raise ConfigurationError(f"init_timeout must be >= 0 or None, got {init_timeout!r}")
-    return float(init_timeout)
-
-
 async def call_initializer(initializer: Initializer) -> None:
     """Run *initializer* once: awaited when async, in an abandonable thread when sync."""
     if is_async_initializer(initializer):

@@ -15,15 +15,16 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypedDict, TypeVar, Unpack
 
 from ._backends import BACKENDS, default_backend
 from ._backends import AsyncBackend as AsyncBackend  # the options' own type, for callers
 from ._config import CaptureMode, Timings
 from ._exceptions import ConfigurationError
-from ._initializer import validate_init_timeout
 
 if TYPE_CHECKING:
+    from types import UnionType
+
     from ._backends import Backend
     from ._handlers import Handler
     from ._initializer import Initializer
@@ -194,20 +195,6 @@ class WorkerOptions:
         return BACKENDS[self.async_backend]
 
 
-# The reference's one-dict form: ``start({"handler": h, "concurrency_modifier": f})``.
-_CONFIG_KEYS = frozenset(
-    {
-        "handler",
-        "concurrency_modifier",
-        "return_aggregate_stream",
-        "refresh_worker",
-        "initializer",
-        "init_timeout",
-        "concurrency",
-    }
-)
-
-
 def check_keywords(entry: Entry, given: Mapping[str, object]) -> None:
     """Raises TypeError, as Python would, for a keyword *entry* does not take."""
     accepted = _ENTRIES[entry][0].__annotations__
@@ -240,28 +227,34 @@ def worker_options(
         config = _from_config_dict(handler)
         handler = config.pop("handler")
         options.update(config)  # type: ignore[typeddict-item]
+    initializer, concurrency = options["initializer"], options["concurrency"]
+    init_timeout, async_backend = options["init_timeout"], options["async_backend"]
+    capture_logs, timings = options["capture_logs"], options["timings"]
+    crash_watch = options["crash_watch"]
     if not callable(handler):
-        raise ConfigurationError(f"handler must be callable, got {handler!r}")
-    initializer = options["initializer"]
+        _refuse("handler must be callable", handler)
     if initializer is not None and not callable(initializer):
-        raise ConfigurationError(f"initializer must be callable or None, got {initializer!r}")
-    concurrency = validate_concurrency(options["concurrency"])
-    async_backend = options["async_backend"]
+        _refuse("initializer must be callable or None", initializer)
+    if not callable(concurrency) and not (_is_number(concurrency, int) and concurrency >= 1):
+        _refuse("concurrency must be an int >= 1 or a callable", concurrency)
+    if init_timeout is not None and not _is_number(init_timeout, int | float):
+        _refuse("init_timeout must be a number of seconds or None", init_timeout)
+    if init_timeout is not None and not init_timeout >= 0:  # NaN is not >= 0 either
+        _refuse("init_timeout must be >= 0 or None", init_timeout)
     if async_backend is None:
         async_backend = default_backend(handler, initializer, concurrency)
-    validate_backend(async_backend)
-    capture_logs, timings = options["capture_logs"], options["timings"]
+    if async_backend not in ("trio", "asyncio"):
+        _refuse("async_backend must be 'trio' or 'asyncio'", async_backend)
     if capture_logs not in ("on", "off"):
-        raise ConfigurationError(f"capture_logs must be 'on' or 'off', got {capture_logs!r}")
+        _refuse("capture_logs must be 'on' or 'off'", capture_logs)
     if timings is not None and not isinstance(timings, Timings):
-        raise ConfigurationError(f"timings must be a trio_worker.Timings, got {timings!r}")
-    crash_watch = options["crash_watch"]
+        _refuse("timings must be a trio_worker.Timings", timings)
     if not isinstance(crash_watch, bool):
-        raise ConfigurationError(f"crash_watch must be True or False, got {crash_watch!r}")
+        _refuse("crash_watch must be True or False", crash_watch)
     return WorkerOptions(
         handler=handler,
         initializer=initializer,
-        init_timeout=validate_init_timeout(options["init_timeout"]),
+        init_timeout=None if init_timeout is None else float(init_timeout),
         concurrency=concurrency,
         return_aggregate_stream=bool(options["return_aggregate_stream"]),
         refresh_worker=bool(options["refresh_worker"]),
@@ -270,6 +263,19 @@ def worker_options(
         timings=timings or Timings(),
         crash_watch=crash_watch,
     )
+
+
+def _is_number(value: object, kind: type | UnionType) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _refuse(what: str, given: object) -> NoReturn:
+    raise ConfigurationError(f"{what}, got {given!r}")
+
+
+# The reference's one-dict form: ``start({"handler": h, "concurrency_modifier": f})``.
+_CONFIG_KEYS = {"handler", "concurrency_modifier", "initializer", "init_timeout"}
+_CONFIG_KEYS.update(_JobOptions.__annotations__)
 
 
 def _from_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,25 +288,3 @@ def _from_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
     if "concurrency_modifier" in config:
         known["concurrency"] = config["concurrency_modifier"]
     return known
-
-
-def validate_concurrency(concurrency: Concurrency) -> Concurrency:
-    """Check *concurrency*: an int >= 1, or a callable ``f(current) -> int``.
-
-    Raises:
-        ConfigurationError: for anything else.
-    """
-    if callable(concurrency):
-        return concurrency
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigurationError(
-            f"concurrency must be an int >= 1 or a callable, got {concurrency!r}"
-        )
-    return concurrency
-
-
-def validate_backend(async_backend: str) -> None:
-    """Raises ConfigurationError unless *async_backend* is "trio" or "asyncio"."""
-    if async_backend in ("trio", "asyncio"):
-        return
-    raise ConfigurationError(f"async_backend must be 'trio' or 'asyncio', got {async_backend!r}")

@@ -1,22 +1,16 @@
 """Every body the worker posts for a job, and the one JSON policy they are all encoded with.
 
-The shapes are the reference's (docs/protocol.md §3) so existing clients keep working. What
-changes is what happens when a result cannot be sent (docs/design.md §5): the reference
-logged a ``TypeError`` and posted nothing, so the request sat IN_PROGRESS until its timeout
-(docs/protocol.md §8 #2). Here :func:`encode_body` raises :class:`ResultEncodingError`,
-naming the offending value and what to return instead, and the job reports that error.
+The shapes are the reference's (docs/protocol.md §3). What changes (docs/design.md §5): a
+value that cannot be posted is not dropped with a logged ``TypeError``, leaving the request
+IN_PROGRESS until its timeout (docs/protocol.md §8 #2); the job reports an error naming it.
 
-- **One encoding policy** (docs/protocol.md §3.8), for results, chunks, progress and errors
-  alike: raw UTF-8 (an error's inner JSON is escaped twice, and ``\\u`` escapes would make
-  it up to 3 times larger), NaN and Infinity refused (not JSON: the platform refuses the
-  body, and the result would be lost), at most ``MAX_RESULT_BYTES``.
-- **The user's dict is not mutated.** The reference pops ``error`` and ``refresh_worker``
-  from it; a cached dict then loses them for the next job. A copy is made only when one of
-  the two keys is present.
-- **The happy path walks the value once**: one C-accelerated encoding. Only a failure walks
-  it again, iteratively, in the encoder's order, to find the path of the offending value.
-- **Every error body comes from one builder**, :meth:`Payloads.error`, given a
-  :class:`JobError` (what went wrong), and is fitted within 64 KiB (``_fitting``).
+- One encoding policy (docs/protocol.md §3.8) for results, chunks, progress and errors:
+  raw UTF-8, NaN and Infinity refused, at most ``MAX_RESULT_BYTES``. The happy path is one
+  C-accelerated encoding; only a failure walks the value again (``_json_problems``).
+- The user's dict is not mutated (the reference pops ``error`` and ``refresh_worker`` from
+  it, so a cached dict loses them for the next job): copied only when one is present.
+- Every error body comes from one builder, :meth:`Payloads.error`, given a
+  :class:`JobError`, and is fitted within 64 KiB (``_fitting``).
 """
 
 from __future__ import annotations
@@ -26,33 +20,19 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._fitting import MAX_ERROR_BODY_BYTES, Field, fit
-from ._json_problems import ResultEncodingError, explain, too_large
+from ._fitting import MAX_ERROR_BODY_BYTES as MAX_ERROR_BODY_BYTES
+from ._fitting import Field, fit
+from ._json_problems import ResultEncodingError as ResultEncodingError
+from ._json_problems import explain, too_large
 from ._tracebacks import error_type_name, format_traceback, safe_str
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from ._capture import Redactor
     from ._config import Settings
     from ._exceptions import InitFailure
-
-__all__ = [
-    "MAX_ERROR_BODY_BYTES",
-    "MAX_LISTED_CHUNKS",
-    "MAX_RESULT_BYTES",
-    "JobError",
-    "Payloads",
-    "ResultEncodingError",
-    "WorkerIdentity",
-    "chunk_body",
-    "encode_body",
-    "notice",
-    "progress_body",
-    "redact_value",
-    "result_body",
-]
 
 MAX_RESULT_BYTES = 20 * 1024 * 1024
 """The largest encoded body the worker posts: the reference's own result-size warning, and
@@ -93,20 +73,14 @@ def encode_body(body: dict[str, Any], *, max_bytes: int = MAX_RESULT_BYTES) -> b
 
 
 def chunk_body(chunk: object) -> bytes:
-    """One chunk of a stream, for job-stream (docs/protocol.md §3.4).
-
-    Raises:
-        ResultEncodingError: as :func:`encode_body`.
-    """
+    """One chunk of a stream, for job-stream (docs/protocol.md §3.4); raises as
+    :func:`encode_body`."""
     return encode_body({"output": chunk})
 
 
 def progress_body(progress: object) -> bytes:
-    """A progress update, for job-done (docs/protocol.md §3.5).
-
-    Raises:
-        ResultEncodingError: as :func:`encode_body`.
-    """
+    """A progress update, for job-done (docs/protocol.md §3.5); raises as
+    :func:`encode_body`."""
     return encode_body({"status": "IN_PROGRESS", "output": progress})
 
 
@@ -251,66 +225,58 @@ class Payloads:
         if stop_pod is None:
             stop_pod = self.stop_pod and error.shape != "init"
         extra = _closing(undelivered, stop_pod)
-        if error.shape in ("stream", "chunk"):
-            return self._plain(error, extra)
-        fields = self._fields(error)
+        redactor = self.redactor
+        message, trace = Field(error.message, redactor), Field(error.traceback, redactor)
+        logs = Field(error.logs, redactor, mode="tail")
+        text: Callable[[], str]
+        if error.shape == "chunk":
+            parts, text = [message], message.render
+        elif error.shape == "stream":
+            parts = [message, trace, logs]
 
-        def build() -> dict[str, Any]:
-            inner = {k: v.render() if isinstance(v, Field) else v for k, v in fields}
-            return {"error": _ENCODER.encode(inner), **extra}
+            def text() -> str:
+                head = f"handler: {message.render()} \ntraceback: {trace.render()}"
+                return f"{head}\nlogs:\n{logs.render()}"
 
-        large = [v for _, v in fields if isinstance(v, Field)]
-        return fit(build, large, dumps=_ENCODER.encode, nested=True)
+        else:  # the JSON string of every other error: escaped twice on the wire
+            fields = self._fields(error, message, trace, logs)
+            parts = [v for _, v in fields if isinstance(v, Field)]
 
-    def _fields(self, error: JobError) -> list[tuple[str, Field | object]]:
+            def text() -> str:
+                return _ENCODER.encode(
+                    {k: v.render() if isinstance(v, Field) else v for k, v in fields}
+                )
+
+        nested = error.shape in ("handler", "init")
+        return fit(lambda: {"error": text(), **extra}, parts, dumps=_ENCODER.encode, nested=nested)
+
+    def _fields(
+        self, error: JobError, message: Field, trace: Field, logs: Field
+    ) -> list[tuple[str, Field | object]]:
         """The inner object of the handler and init shapes, in the reference's key order."""
         redactor, identity = self.redactor, self.identity
-        fields: list[tuple[str, Field | object]] = [
-            ("error_type", Field(error.error_type, redactor, large=False)),
-            ("error_message", Field(error.message, redactor)),
-            ("error_traceback", Field(error.traceback, redactor)),
-            ("error_category", Field(error.category, redactor, large=False)),
-        ]
-        logs = Field(error.logs, redactor, mode="tail")
         init = error.shape == "init"
-        if init:
-            fields.insert(0, ("event", "init_failed"))
-            if error.logs:  # omitted when empty, as in the reference
-                fields.append(("logs", logs))
-        fields += [
+        fields: list[tuple[str, Field | object]] = [
+            *([("event", "init_failed")] if init else []),
+            ("error_type", Field(error.error_type, redactor, large=False)),
+            ("error_message", message),
+            ("error_traceback", trace),
+            ("error_category", Field(error.category, redactor, large=False)),
+            # init_failed omits empty logs, as the reference does; the handler shape has
+            # them always, last.
+            *([("logs", logs)] if init and error.logs else []),
             ("hostname", Field(identity.hostname, redactor, large=False)),
             ("worker_id", Field(identity.worker_id, redactor, large=False)),
             ("sdk_version", Field(identity.sdk_version, redactor, large=False)),
             ("runpod_version", Field(identity.sdk_version, redactor, large=False)),
         ]
-        if init:
-            fields += [
-                ("elapsed_s", _finite(error.elapsed, digits=3)),
-                ("init_timeout", _finite(error.init_timeout, digits=6)),
-            ]
-        else:
-            fields.append(("logs", logs))
-        return fields
-
-    def _plain(self, error: JobError, extra: dict[str, Any]) -> bytes:
-        """``{"error": "<text>"}``: an error chunk's text alone, or the reference's
-        ``"handler: <message> \\ntraceback: <traceback>\\nlogs:\\n<logs>"``."""
-        message = Field(error.message, self.redactor)
-        if error.shape == "chunk":
-            return fit(
-                lambda: {"error": message.render(), **extra},
-                [message],
-                dumps=_ENCODER.encode,
-                nested=False,
-            )
-        trace = Field(error.traceback, self.redactor)
-        tail = Field(error.logs, self.redactor, mode="tail")
-
-        def build() -> dict[str, Any]:
-            text = f"handler: {message.render()} \ntraceback: {trace.render()}"
-            return {"error": f"{text}\nlogs:\n{tail.render()}", **extra}
-
-        return fit(build, [message, trace, tail], dumps=_ENCODER.encode, nested=False)
+        if not init:
+            return [*fields, ("logs", logs)]
+        return [
+            *fields,
+            ("elapsed_s", _finite(error.elapsed, digits=3)),
+            ("init_timeout", _finite(error.init_timeout, digits=6)),
+        ]
 
 
 def _closing(undelivered: Sequence[int], stop_pod: bool) -> dict[str, Any]:
