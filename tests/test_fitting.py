@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from trio_worker._capture._redact import REDACTED
 from trio_worker._fitting import MAX_ERROR_BODY_BYTES, MAX_FIELD_CHARS, clip
 from trio_worker._payloads import JobError, Payloads, WorkerIdentity
+from trio_worker._tracebacks import format_traceback
 
 from .test_payloads import IDENTITY, NO_SECRETS, REDACTOR, SECRET, error_of, inner_of, raised
 
@@ -136,8 +137,6 @@ def test_huge_generator_error_fits_and_keeps_what_matters() -> None:
 
 def test_huge_init_failed_fits() -> None:
     exc, logs = huge_inputs()
-    from trio_worker._tracebacks import format_traceback
-
     error = JobError(
         "RuntimeError", str(exc), format_traceback(exc), "cuda_error", logs, "init", 12.3, 600
     )

@@ -1,7 +1,7 @@
 """What the user asked for: the keyword arguments of every entry point, spelled out once.
 
 ``start()``, ``serve()``, ``start_app()`` and ``trio_worker.testing.serve()`` take their
-options as ``**options`` typed by the ``TypedDict`` classes below (PEP 692), so a type
+options as ``**given`` typed by the ``TypedDict`` classes below (PEP 692), so a type
 checker and an IDE see each keyword, its type and its documentation, and none is written
 out in the entry points themselves. :func:`spelled_out` gives each entry point the
 signature and docstring ``inspect.signature`` and ``help()`` show, built from the same
@@ -135,6 +135,8 @@ _DEFAULTS: _AllOptions = {
     "environ": None,
     "handle_signals": True,
 }
+# Each entry point: its options, the parts they are made of (a TypedDict keeps no bases at
+# run time, and the parts' docstrings are the options' documentation), its own defaults.
 _ENTRIES: dict[Entry, tuple[type, tuple[type, ...], _AllOptions]] = {
     "start": (StartOptions, (_LoadOptions, _JobOptions, _ProcessOptions), {}),
     "serve": (ServeOptions, (_LoadOptions, _JobOptions, _RunOptions), {"async_backend": "trio"}),
@@ -145,7 +147,7 @@ _ENTRIES: dict[Entry, tuple[type, tuple[type, ...], _AllOptions]] = {
 def spelled_out(entry: Entry) -> Callable[[_F], _F]:
     """Give the entry point the signature and the "Keyword arguments" of its docstring that
     ``inspect.signature`` and ``help()`` show: each of its options in place of
-    ``**options``, with its default and its documentation."""
+    ``**given``, with its default and its documentation."""
     accepted, parts, own = _ENTRIES[entry]
     defaults = {**_DEFAULTS, **own}
 
