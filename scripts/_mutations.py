@@ -167,10 +167,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "error-body-unbounded",
-        "_errors.py: error bodies may grow to 256 KiB",
+        "_fitting.py: error bodies may grow to 256 KiB",
         (
             Patch(
-                "trio_worker/_errors.py",
+                "trio_worker/_fitting.py",
                 "MAX_ERROR_BODY_BYTES = 64 * 1024",
                 "MAX_ERROR_BODY_BYTES = 256 * 1024",
             ),

@@ -1,5 +1,5 @@
 """What the take loop keeps between takes: remembered stops and the capacity it asks for
-(trio_worker/_intake.py)."""
+(``Capacity`` and ``StopMemory`` in trio_worker/_job.py)."""
 
 from __future__ import annotations
 

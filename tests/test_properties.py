@@ -447,7 +447,7 @@ def test_stream_left_early_is_closed(outcome: JobOutcome, backend: AsyncBackend)
 # up to 5 s whatever shutdown_grace said, where a plain handler's task (and a sync
 # initializer's thread) is no longer waited for once the grace ends: serve() returned past
 # shutdown_grace + report_deadline. These were strict xfails until the end of the grace
-# cut those waits too (ThreadWaits.shielded in trio_worker/_handlers.py); the suite now
+# cut those waits too (Scopes.shielded in trio_worker/_scopes.py); the suite now
 # draws cleanups that outlast the grace, after a shutdown request as well.
 
 _GRACELESS = dataclasses.replace(_TIMINGS, shutdown_grace=0.0, report_deadline=1.0)

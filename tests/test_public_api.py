@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,6 +55,56 @@ def test_start_and_serve_take_the_documented_arguments() -> None:
             assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (fn, name)
 
 
+ENTRY_POINTS = [
+    trio_worker.start,
+    trio_worker.serve,
+    trio_worker.start_app,
+    trio_worker.testing.serve,
+]
+OWN_PARAMETERS = {"handler", "app", "task_status"} | {
+    "open_stream",
+    "wrap_backend",
+    "heartbeat",
+    "observers",
+    "capture",
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS, ids=lambda fn: fn.__qualname__)
+def test_help_documents_every_keyword_of_every_entry_point(entry: Any) -> None:
+    """The options are spelled out once (``_options.py``); ``help()`` still lists each."""
+    doc = inspect.getdoc(entry)
+    assert doc is not None
+    keywords = doc.split("Keyword arguments:", 1)[1]
+    params = inspect.signature(entry).parameters
+    options = [name for name in params if name not in OWN_PARAMETERS]
+    assert options, entry
+    for name in options:
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert f"\n    {name} (" in keywords, name
+
+
+@pytest.mark.parametrize(
+    ("entry", "keyword"),
+    [
+        (trio_worker.start, "concurency"),
+        (trio_worker.start_app, "concurrency"),  # an app takes no jobs
+        (trio_worker.start_app, "refresh_worker"),
+    ],
+)
+def test_a_process_entry_point_refuses_a_keyword_it_does_not_take(entry: Any, keyword: str) -> None:
+    """As Python refuses it, before anything runs (nothing parsed, logged or exited)."""
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+        entry(lambda job: None, **{keyword: 2})
+
+
+@pytest.mark.parametrize("serve", [trio_worker.serve, trio_worker.testing.serve])
+@pytest.mark.parametrize("keyword", ["crash_watch", "argv", "timing"])
+async def test_serve_refuses_a_keyword_it_does_not_take(serve: Any, keyword: str) -> None:
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{keyword}'"):
+        await serve(lambda job: None, environ={}, **{keyword: None})
+
+
 def test_package_ships_py_typed() -> None:
     from importlib.resources import files
 
@@ -93,7 +144,7 @@ def test_serve_carries_no_test_seams_and_testing_serve_has_them() -> None:
 def test_error_types_in_payloads_are_importable() -> None:
     # Payloads name them "trio_worker.MalformedJob", "trio_worker.AsyncioUnderTrio", ...
     from trio_worker import AsyncioUnderTrio, MalformedJob, TrioUnderAsyncio
-    from trio_worker._errors import error_type_name
+    from trio_worker._tracebacks import error_type_name
 
     assert error_type_name(MalformedJob("x")) == "trio_worker.MalformedJob"
     assert error_type_name(AsyncioUnderTrio("x")) == "trio_worker.AsyncioUnderTrio"

@@ -23,6 +23,7 @@ import trio.testing
 from trio_worker._config import Settings, Timings, platform_from_env
 from trio_worker._delivery import Delivery
 from trio_worker._pacing import RATE_LIMIT_JITTER
+from trio_worker._payloads import Payloads
 from trio_worker._platform._client import (
     REPORT_CONTENT_TYPE,
     PlatformClient,
@@ -48,7 +49,7 @@ from .test_platform_client import (
 def delivery_over(client: PlatformClient) -> Delivery:
     """The worker's Delivery around *client*, with a shutdown plan that never stops."""
     settings = Settings.from_environ(WIRING, timings=client.timings, capture_logs="off")
-    return Delivery(settings, client, Scopes(client.timings))
+    return Delivery(settings, client, Scopes(client.timings), Payloads.for_worker(settings))
 
 
 @contextlib.asynccontextmanager

@@ -13,6 +13,7 @@ from tests.backends import BOTH_BACKENDS, sleep_for
 from trio_worker import Timings as _Timings
 from trio_worker._config import Settings
 from trio_worker._options import AsyncBackend, worker_options
+from trio_worker._payloads import Payloads
 from trio_worker._progress_calls import ProgressTarget, current_progress
 from trio_worker._runner import JobRunner, JobSpec
 from trio_worker._scopes import Scopes
@@ -39,11 +40,12 @@ class ListChunks:
 
 
 def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> JobRunner:
+    worker = worker_options(handler, async_backend=cast("AsyncBackend", backend), **options)
+    settings = Settings.from_environ({}, capture_logs="off")
     return JobRunner(
-        JobSpec.from_options(
-            worker_options(handler, async_backend=cast("AsyncBackend", backend), **options)
-        ),
-        Settings.from_environ({}, capture_logs="off"),
+        JobSpec.from_options(worker),
+        settings,
+        Payloads.for_worker(settings, stop_pod=worker.refresh_worker),
         chunks,
         None,
         Scopes(_Timings()),

@@ -1,10 +1,10 @@
 """With ``refresh_worker``, an error body near 64 KiB still has room for ``"stopPod": true``.
 
-Error bodies are fitted under ``MAX_ERROR_BODY_BYTES`` less a reserve, and ``stopPod`` is
-added after the fit (docs/design.md I6, ``trio_worker/_errors.py``). A body that lands just
-under the fit's bound, or one the fit shrank to just under it, is where too small a reserve
-would push the posted body over the limit: so the sizes are swept across that edge, byte by
-byte, not tried once. The sizes are set through the real worker: each job's handler raises
+Error bodies are fitted under ``MAX_ERROR_BODY_BYTES`` with ``stopPod`` in them
+(docs/design.md I6, ``trio_worker/_fitting.py``). A body that lands just under the bound, or
+one the fit shrank to just under it, is where a ``stopPod`` left out of the fit would push
+the posted body over the limit: so the sizes are swept across that edge, byte by byte, not
+tried once. The sizes are set through the real worker: each job's handler raises
 an error whose message and note are sized, from a calibration run, so that the body the
 worker would post unfitted takes every size from well below the limit to past it.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from trio_worker._errors import MAX_ERROR_BODY_BYTES
+from trio_worker._payloads import MAX_ERROR_BODY_BYTES
 from trio_worker.testing import FakePlatform
 
 from .test_delivery import done_requests, finished, running
@@ -75,3 +75,29 @@ async def test_stop_pod_fits_in_error_bodies_swept_across_the_limit(
         assert body["stopPod"] is True
         inner = json.loads(body["error"])
         assert inner["error_type"] == "ValueError"
+
+
+async def costly_error_chunk(job: dict[str, Any]) -> Any:
+    yield {"token": 1}
+    yield {"error": job["input"]["char"] * 20_000}
+
+
+async def test_an_error_chunk_of_escaped_characters_is_posted_within_the_limit(
+    virtual_clock: trio.abc.Clock,
+) -> None:
+    """A stream's error chunk is the user's text, clipped to 16 K characters: of control
+    characters, each written ``\\u0001`` on the wire, that is about 96 KB, past the
+    64 KiB every error body is held to (docs/design.md I6)."""
+    platform = FakePlatform()
+    ids = [platform.enqueue({"char": char}) for char in ("\x01", '"', "é")]
+    async with running(platform, costly_error_chunk, refresh_worker=True, concurrency=3):
+        for job_id in ids:
+            await finished(platform, job_id, "FAILED")
+    for job_id, char in zip(ids, ("\x01", '"', "é"), strict=True):
+        [request] = done_requests(platform, job_id)
+        assert request.status == 200
+        assert len(request.body) <= LIMIT
+        body = json.loads(request.body)
+        assert body["stopPod"] is True
+        assert body["error"].startswith(char * 1000)
+        assert "characters truncated" in body["error"]

@@ -1,5 +1,6 @@
-"""Reported tracebacks start at the user's code: the frames of trio_worker, trio, outcome and
-asyncio that lead up to the handler are elided, with a line saying how many."""
+"""``_tracebacks``: an exception's reported type name, and its traceback starting at the user's
+code: the frames of trio_worker, trio, outcome and asyncio that lead up to the handler are
+elided, with a line saying how many."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
 import trio_worker
-from trio_worker._errors import format_traceback
+from trio_worker._tracebacks import error_type_name, format_traceback
 
 SDK_FILE = str(Path(trio_worker.__file__).with_name("_pretend_runner.py"))
 TRIO_FILE = str(Path(trio.__file__).with_name("_pretend_threads.py"))
@@ -82,3 +84,46 @@ def test_causes_and_group_members_are_elided_too() -> None:
     text = format_traceback(grouped)
     # The two members' own stacks and the cause's: three elisions.
     assert text.count("frames of trio_worker and trio elided)") == 3, text
+
+
+# --- names, chains and groups --------------------------------------------------------------------
+
+
+class LibraryError(Exception):
+    pass
+
+
+LibraryError.__module__ = "somelib.errors"
+
+
+def test_error_type_name() -> None:
+    assert error_type_name(RuntimeError("x")) == "RuntimeError"
+    assert error_type_name(LibraryError()) == "somelib.errors.LibraryError"
+    main_cls = type("BadInput", (ValueError,), {"__module__": "__main__"})
+    assert error_type_name(main_cls()) == "BadInput"
+    private = type("ConnectError", (Exception,), {"__module__": "somelib._exceptions"})
+    assert error_type_name(private()) == "somelib.ConnectError"
+    assert error_type_name(trio.TooSlowError()) == "trio.TooSlowError"
+    assert error_type_name(httpx.ConnectError("x")) == "httpx.ConnectError"
+
+
+def test_format_traceback_includes_the_chain() -> None:
+    try:
+        try:
+            raise KeyError("inner-cause")
+        except KeyError as inner:
+            raise RuntimeError("outer-failure") from inner
+    except RuntimeError as outer:
+        text = format_traceback(outer)
+    assert "KeyError: 'inner-cause'" in text
+    assert "direct cause of the following exception" in text
+    assert text.rstrip().endswith("RuntimeError: outer-failure")
+
+
+def test_format_traceback_of_an_exception_group() -> None:
+    from .test_payloads import raised
+
+    group = raised(ExceptionGroup("two failed", [ValueError("first"), OSError("second")]))
+    text = format_traceback(group)
+    assert "ValueError: first" in text
+    assert "OSError: second" in text

@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from trio_worker import Timings
 from trio_worker._config import Settings
+from trio_worker._payloads import JobError
 from trio_worker._watch import _report
 from trio_worker.testing import FakePlatform, Fault, run_platform_server
 
@@ -35,17 +36,25 @@ async def test_kept_bodies_are_resent_as_they_were_and_crashed_jobs_reported() -
         }
         built: list[str] = []
 
-        def body(job_id: str) -> bytes:
+        def error(job_id: str) -> JobError:
             built.append(job_id)
-            return json.dumps({"error": "crashed"}).encode()
+            return JobError("WorkerCrashed", "crashed", category="segfault")
 
-        outcome = await _report.report_held(settings, finals, [crashed_job], body, leave_now=_never)
+        outcome = await _report.report_held(
+            settings, finals, [crashed_job], error, leave_now=_never
+        )
     assert outcome == {stream_job: True, plain_job: True, crashed_job: True}
     assert built == [crashed_job]
     assert fake.job(stream_job).done_reports == [{"output": [1, 2]}]
     assert fake.job(stream_job).is_stream is True
     assert fake.job(plain_job).done_reports == [{"output": {"n": 1}}]
-    assert fake.job(crashed_job).done_reports == [{"error": "crashed"}]
+    [crashed] = fake.job(crashed_job).done_reports
+    assert isinstance(crashed, dict)
+    assert list(crashed) == ["error"]
+    inner = json.loads(crashed["error"])
+    assert (inner["error_type"], inner["error_message"]) == ("WorkerCrashed", "crashed")
+    assert inner["error_category"] == "segfault"
+    assert inner["worker_id"] == settings.platform.worker_id
 
 
 async def test_many_held_jobs_are_reported_a_bounded_number_at_a_time() -> None:
@@ -57,7 +66,7 @@ async def test_many_held_jobs_are_reported_a_bounded_number_at_a_time() -> None:
             fake.worker_env(url), timings=Timings(), capture_logs="off"
         )
         outcome = await _report.report_held(
-            settings, {}, jobs, lambda job_id: b'{"error": "x"}', leave_now=_never
+            settings, {}, jobs, lambda job_id: JobError("WorkerCrashed", "x"), leave_now=_never
         )
     assert all(outcome[job_id] for job_id in jobs)
     assert all(len(fake.job(job_id).done_reports) == 1 for job_id in jobs)

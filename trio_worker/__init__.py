@@ -4,16 +4,17 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 
 - ``_start`` (``start()``, the process and its exit) and ``_worker`` (``serve()``) assemble
   the rest from ``_config`` (every knob: environment, CLI, ``Timings``).
-- ``_supervisor`` owns the nursery (init, take, run, stop) and ``_lifecycle`` the job state
-  machine and the ledger of held jobs; ``_initializer``, ``_runner`` and ``_handlers`` run
+- ``_supervisor`` owns the nursery (init, take, run, stop) and ``_state`` the worker's
+  rules, pure: the job table, the phase, the ledger, every deadline; ``_initializer``, ``_runner`` and ``_handlers`` run
   the user's code.
 - ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
-  ``_capture/`` captures and redacts output; ``_results``, ``_errors`` and ``_categories``
-  build the payloads. None of these imports anything above it.
+  ``_capture/`` captures and redacts output; ``_payloads`` (every body, one JSON policy;
+  with ``_fitting``, ``_json_problems``), ``_tracebacks`` and ``_categories`` build the
+  payloads. None of these imports anything above it.
 - ``_fitness/`` runs the fitness checks before the first take (``register_fitness_check``,
   the built-in checks, the unhealthy ping; docs/reference.md, "Fitness checks").
-- ``_backends`` is the one place the trio and asyncio backends differ; ``_shutdown_plan``
-  the one owner of stopping; ``_watch/`` the crash watchdog the process becomes at
+- ``_backends`` is the one place the trio and asyncio backends differ; ``_scopes`` the
+  one deadline registry every wait reads; ``_watch/`` the crash watchdog the process becomes at
   ``start()`` (docs/design.md §13).
 - ``_app/`` is the load-balancing worker (``start_app()``: the user's ASGI app on
   hypercorn behind ``/ping``, its load supervised; docs/load-balancing.md).

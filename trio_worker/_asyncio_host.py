@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 
 class Holds(Protocol):
-    """Where a cancelled caller waits for code that has not ended yet (``ThreadWaits``):
+    """Where a cancelled caller waits for code that has not ended yet (``Scopes``):
     never past the end of the shutdown grace."""
 
     def shielded(self, bound: float = ...) -> AbstractContextManager[trio.CancelScope]: ...

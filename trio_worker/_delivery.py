@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import WorkerIdentity, encode_body, refused_result_body
 from ._pacing import backoff_delay, rate_limit_wait
+from ._payloads import notice
 from ._platform._client import ReportOutcome, is_retryable
 from ._progress import ProgressPosts
-from ._version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._config import Settings
+    from ._payloads import Payloads
     from ._platform._client import PlatformClient
     from ._scopes import Scopes
     from ._watch._records import Records
@@ -50,7 +50,9 @@ REFUSED = {400: "bad request", 413: "payload too large"}
 
 
 class Delivery:
-    def __init__(self, settings: Settings, client: PlatformClient, plan: Scopes) -> None:
+    def __init__(
+        self, settings: Settings, client: PlatformClient, plan: Scopes, payloads: Payloads
+    ) -> None:
         self.settings = settings
         self.timings = settings.timings
         self.client = client
@@ -58,8 +60,7 @@ class Delivery:
         # Where the crash watchdog reads each terminal body before its first attempt
         # (``_watch``, docs/design.md §13.2); installed by the supervisor when watched.
         self.finals: Records | None = None
-        platform = settings.platform
-        self.identity = WorkerIdentity(platform.worker_id, platform.hostname, __version__)
+        self.payloads = payloads
         self.progress = ProgressPosts(settings, plan, self.post)
         # The jobs whose terminal report is in flight, and when each began.
         self._reporting: dict[str, float] = {}
@@ -173,27 +174,20 @@ class Delivery:
             REFUSED[status],
             len(body),
         )
-        notice = self._refusal_body(job_id, status, body)
+        replacement = self._refusal_body(job_id, status, body)
         # The refused body was not stored: the notice is the final the watchdog would send.
         if self.finals is not None:
-            self.finals.final(job_id, notice, is_stream=is_stream)
+            self.finals.final(job_id, replacement, is_stream=is_stream)
         refusal = ReportOutcome(attempts=outcome.attempts)
-        await self.post(url, notice, job_id=job_id, outcome=refusal)
+        await self.post(url, replacement, job_id=job_id, outcome=refusal)
         outcome.delivered, outcome.attempts = refusal.delivered, refusal.attempts
         outcome.last_error = refusal.last_error and f"{refusal.last_error} (refusal report)"
 
     def _refusal_body(self, job_id: str, status: int, body: bytes) -> bytes:
-        notice = refused_result_body(
-            job_id=job_id,
-            status=status,
-            reason=REFUSED[status],
-            size=len(body),
-            identity=self.identity,
-            redactor=self.settings.redactor,
+        refusal = notice(
+            "ResultRefused", job_id=job_id, status=status, reason=REFUSED[status], size=len(body)
         )
-        if _asks_stop_pod(body):
-            notice["stopPod"] = True
-        return encode_body(notice)
+        return self.payloads.error(refusal, stop_pod=_asks_stop_pod(body))
 
 
 def _worth_logging(attempt: int) -> bool:

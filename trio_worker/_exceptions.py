@@ -32,12 +32,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def exception_leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside *exc*, groups looked through at every depth (in order);
-    an exception that is not a group is its own one leaf."""
+def exception_leaves(
+    exc: BaseException, *, ignore: type[BaseException] | tuple[type[BaseException], ...] = ()
+) -> list[BaseException]:
+    """The exceptions inside *exc*, groups looked through at every depth (in order), less
+    those of the types *ignore*; an exception that is not a group is its own one leaf.
+
+    The package's one reading of an ExceptionGroup: what a nursery raised is judged by its
+    leaves (all ``Cancelled``? one error alone? a ``SystemExit`` among them?).
+    """
     if isinstance(exc, BaseExceptionGroup):
-        return [leaf for member in exc.exceptions for leaf in exception_leaves(member)]
-    return [exc]
+        return [
+            leaf for member in exc.exceptions for leaf in exception_leaves(member, ignore=ignore)
+        ]
+    return [] if isinstance(exc, ignore) else [exc]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import trio
 
 from ._backends import unwrap_callable as _unwrap
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
+from ._exceptions import exception_leaves
 from ._hand_off import HandsOffChunks
 from ._threads import ThreadCall, in_thread, run_sync
 
@@ -69,12 +70,7 @@ def check_cancelled() -> None:
 def is_cancellation(exc: BaseException) -> bool:
     """True for ``trio.Cancelled``, and for a group holding nothing but ``Cancelled``
     (what a nursery inside a cancelled scope raises)."""
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        _, rest = exc.split(trio.Cancelled)
-        return rest is None
-    return False
+    return not exception_leaves(exc, ignore=trio.Cancelled)
 
 
 async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: Scopes) -> Any:

@@ -17,59 +17,17 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ._backends import makes_coroutine as is_async_initializer
 from ._categories import classify
-from ._errors import encode_body, format_traceback, init_failed_body, safe_str
 from ._exceptions import InitFailure, InitTimeout
 from ._threads import INITIALIZER_THREAD, in_thread
-
-if TYPE_CHECKING:
-    from ._capture import Redactor
-    from ._errors import WorkerIdentity
+from ._tracebacks import format_traceback, safe_str
 
 Initializer = Callable[[], Any]
-
-
-def init_failure_report(
-    failure: InitFailure, identity: WorkerIdentity, redactor: Redactor
-) -> bytes:
-    """The job-done body every held job is failed with (docs/design.md §6.2)."""
-    return encode_body(
-        init_failed_body(
-            error_type=failure.error_type,
-            message=failure.message,
-            traceback=failure.traceback,
-            category=failure.category,
-            logs=failure.logs,
-            elapsed_s=failure.elapsed,
-            identity=identity,
-            redactor=redactor,
-            init_timeout=failure.init_timeout,
-        )
-    )
-
-
-def validate_init_timeout(init_timeout: float | None) -> float | None:
-    """Check *init_timeout*: None (no SDK bound) or a number >= 0 (0 times out at once).
-
-    Raises:
-        ConfigurationError: for a negative, NaN or non-numeric value.
-    """
-    from ._exceptions import ConfigurationError
-
-    if init_timeout is None:
-        return None
-    if isinstance(init_timeout, bool) or not isinstance(init_timeout, int | float):
-        raise ConfigurationError(
-            f"init_timeout must be a number of seconds or None, got {init_timeout!r}"
-        )
-    if math.isnan(init_timeout) or init_timeout < 0:
-        raise ConfigurationError(f"init_timeout must be >= 0 or None, got {init_timeout!r}")
-    return float(init_timeout)
 
 
 async def call_initializer(initializer: Initializer) -> None:

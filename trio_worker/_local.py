@@ -23,15 +23,15 @@ import trio
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._config import Settings
 from ._exceptions import InitializationError
-from ._initializer import init_failure_report, run_initializer
-from ._runner import JobRunner, JobSpec, worker_identity
+from ._initializer import run_initializer
+from ._payloads import JobError, Payloads
+from ._runner import JobRunner, JobSpec
 from ._scopes import Scopes
 from ._state import HeldJob
 
 if TYPE_CHECKING:
     from ._config import LocalArgs
     from ._endpoint import EndpointApp
-    from ._exceptions import InitFailure
     from ._options import WorkerOptions
     from ._platform._http import StreamOpener
 
@@ -59,10 +59,6 @@ class StdoutChunks:
         return [await self.send_chunk(job_id, body, retry_until=0.0) for body in bodies]
 
 
-def _init_failure_text(failure: InitFailure, settings: Settings) -> str:
-    return init_failure_report(failure, worker_identity(settings), settings.redactor).decode()
-
-
 async def run_test_input(options: WorkerOptions, test_input: object) -> int:
     """Run the initializer, then the handler once on *test_input*; the exit status."""
     options.backend.check_host()
@@ -87,6 +83,7 @@ async def _run_once(
         dict(test_input) if isinstance(test_input, dict) else {"input": test_input}
     )
     job = HeldJob(str(payload.setdefault("id", LOCAL_JOB_ID)), payload)
+    payloads = Payloads.for_worker(settings, stop_pod=options.refresh_worker)
     waits = Scopes(options.timings)
     initializer = options.backend.initializer(options.initializer, waits)
     if initializer is not None:
@@ -96,11 +93,12 @@ async def _run_once(
         )
         if failure is not None:
             log.error("initializer failed: %s: %s", failure.error_type, failure.message)
-            _print(_init_failure_text(failure, settings))
+            _print(payloads.error(JobError.init_failed(failure)).decode())
             return 1
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
+        payloads,
         StdoutChunks(),
         capture,
         waits,

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._payloads import ResultEncodingError, progress_body
 from ._progress import warn_too_late
-from ._results import ResultEncodingError, encode_result
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -142,7 +142,7 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
     """
     job_id = str(job.get("id"))
     try:
-        body = encode_result({"status": "IN_PROGRESS", "output": progress})
+        body = progress_body(progress)
     except ResultEncodingError as err:
         log.error("progress_update for job %s not sent: %s", job_id, str(err))
         return

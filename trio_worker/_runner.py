@@ -19,21 +19,9 @@ from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
 from ._chunk_posts import ChunkPoster, ChunkSink
 from ._compat import clear_reference_debugger
-from ._errors import (
-    MAX_ERROR_BODY_BYTES,
-    WorkerIdentity,
-    clip,
-    encode_body,
-    error_type_name,
-    format_traceback,
-    generator_error_body,
-    handler_error_body,
-    one_line,
-    safe_str,
-    shutdown_error_body,
-)
 from ._exceptions import MalformedJob, exception_leaves
 from ._exit import exit_status
+from ._fitting import clip
 from ._handlers import (
     Handler,
     HandlerKind,
@@ -42,16 +30,9 @@ from ._handlers import (
     handler_kind,
     is_cancellation,
 )
+from ._payloads import JobError, ResultEncodingError, chunk_body, encode_body, notice
 from ._progress_calls import ProgressTarget, current_progress
-from ._results import (
-    ResultEncodingError,
-    encode_result,
-    output_error_body,
-    result_body,
-    stream_final_body,
-    with_stop_pod,
-)
-from ._version import __version__
+from ._tracebacks import error_type_name, format_traceback, one_line, safe_str
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,15 +40,11 @@ if TYPE_CHECKING:
     from ._backends import Backend
     from ._config import Settings
     from ._options import WorkerOptions
+    from ._payloads import Payloads
     from ._scopes import Scopes
     from ._state import HeldJob
 
 log = logging.getLogger("trio_worker")
-
-# A final report names at most this many undelivered chunks (and always their count).
-MAX_LISTED_CHUNKS = 1000
-# Room kept in an error body for "stopPod": true, added after the note on lost chunks.
-_STOP_POD_ROOM = 32
 
 
 @dataclass(frozen=True)
@@ -77,7 +54,6 @@ class JobSpec:
     handler: Handler
     kind: HandlerKind
     return_aggregate_stream: bool
-    refresh_worker: bool
     backend: Backend  # where the handler's coroutines and async generators run
 
     @classmethod
@@ -87,7 +63,6 @@ class JobSpec:
             handler,
             handler_kind(handler),
             options.return_aggregate_stream,
-            options.refresh_worker,
             options.backend,
         )
 
@@ -115,6 +90,7 @@ class JobRunner:
         self,
         spec: JobSpec,
         settings: Settings,
+        payloads: Payloads,
         chunks: ChunkSink,
         capture: OutputCapture | None,
         waits: Scopes,
@@ -124,11 +100,11 @@ class JobRunner:
         self.waits = waits
         self.spec = spec
         self.settings = settings
+        self.payloads = payloads
         self.chunks = chunks
         self.progress = progress
         self.capture = capture
         self.shared_process = shared_process
-        self.identity = worker_identity(settings)
 
     async def run(self, job: HeldJob) -> Report:
         """Run the handler on *job*; trio.Cancelled (a stop, shutdown) propagates."""
@@ -164,23 +140,14 @@ class JobRunner:
         """The error reported on a job that could not be run as delivered."""
         exc = MalformedJob(f"job {job_id} was not run: {reason}")
         log_failed_job(job_id, "MalformedJob", str(exc), "unknown", self.settings)
-        body = handler_error_body(
-            exc,
-            logs="",
-            category="unknown",
-            identity=self.identity,
-            redactor=self.settings.redactor,
-        )
-        return Report(encode_body(self._with_refresh(body)), is_stream=False)
+        return Report(self.payloads.error(JobError.raised(exc)), is_stream=False)
 
     def shutdown_report(self, job_id: str, grace: float) -> Report:
         """The error reported on a job still running when the shutdown grace ran out."""
-        body = shutdown_error_body(
-            job_id=job_id, grace_s=grace, identity=self.identity, redactor=self.settings.redactor
-        )
+        error = notice("WorkerShutdown", job_id=job_id, grace_s=grace)
         message = f"still running when the shutdown grace of {grace:g} s ran out"
         log_failed_job(job_id, "WorkerShutdown", message, "worker_shutdown", self.settings)
-        return Report(encode_body(self._with_refresh(body)), is_stream=False)
+        return Report(self.payloads.error(error), is_stream=False)
 
     def _logs(self, output: JobOutput | None, mark: int) -> str:
         return logs_for_job(
@@ -202,22 +169,11 @@ class JobRunner:
         logs = self._logs(output, mark)
         category = classify(exc, logs)
         log_failed_job(job_id, error_type_name(exc), safe_str(exc), category, self.settings)
-        body = handler_error_body(
-            exc,
-            logs=logs,
-            category=category,
-            identity=self.identity,
-            redactor=self.settings.redactor,
-            traceback=traceback,
-        )
-        return Report(encode_body(self._with_refresh(body)), is_stream=False, exit=status)
-
-    def _with_refresh(self, body: dict[str, Any]) -> dict[str, Any]:
-        return with_stop_pod(body) if self.spec.refresh_worker else body
+        error = JobError.raised(exc, logs=logs, category=category, traceback=traceback)
+        return Report(self.payloads.error(error), is_stream=False, exit=status)
 
     def _result(self, job_id: str, value: object) -> Report:
-        body = result_body(value, redactor=self.settings.redactor)
-        return Report(self._encode(job_id, body), is_stream=False)
+        return Report(self._encode(job_id, self.payloads.result(value)), is_stream=False)
 
     def _encode(self, job_id: str, body: dict[str, Any]) -> bytes:
         if "error" in body:
@@ -225,14 +181,14 @@ class JobRunner:
             error = str(body["error"])
             log_failed_job(job_id, "returned error", error, "unknown", self.settings)
         try:
-            return encode_result(self._with_refresh(body))
+            return encode_body(body)
         except ResultEncodingError as err:
             log_failed_job(job_id, error_type_name(err), str(err), "unknown", self.settings)
-            return encode_body(self._with_refresh(self._chunk_error(err)))
+            return self.payloads.error(JobError.output(err))
 
     async def _stream(self, job: HeldJob, stream: Stream, output: JobOutput, mark: int) -> Report:
         aggregate: list[object] | None = [] if self.spec.return_aggregate_stream else None
-        final: dict[str, Any] | None = None
+        final: JobError | None = None
         status: SystemExit | KeyboardInterrupt | None = None
         async with trio.open_nursery() as nursery:
             poster = ChunkPoster(
@@ -249,15 +205,15 @@ class JobRunner:
                     try:
                         async for chunk in chunks:
                             if is_error_chunk(chunk):
-                                final = {"error": self._error_chunk_text(chunk["error"])}
+                                final = JobError("error chunk", str(chunk["error"]), shape="chunk")
                                 log_failed_job(
-                                    job.id, "error chunk", final["error"], "unknown", self.settings
+                                    job.id, "error chunk", final.message, "unknown", self.settings
                                 )
                                 break
                             try:
-                                encoded = encode_result({"output": chunk})
+                                encoded = chunk_body(chunk)
                             except ResultEncodingError as err:
-                                final = self._chunk_error(err)
+                                final = JobError.output(err)
                                 log_failed_job(
                                     job.id, error_type_name(err), str(err), "unknown", self.settings
                                 )
@@ -271,38 +227,21 @@ class JobRunner:
                         exc, status = process_exit(exc)
                         exc = self.spec.backend.explain(exc)
                         logs = self._logs(output, mark)
-                        log_failed_job(
-                            job.id,
-                            error_type_name(exc),
-                            safe_str(exc),
-                            classify(exc, logs),
-                            self.settings,
+                        final = JobError.raised(
+                            exc, logs=logs, category=classify(exc, logs), shape="stream"
                         )
-                        final = generator_error_body(
-                            exc, logs=logs, redactor=self.settings.redactor
+                        log_failed_job(
+                            job.id, final.error_type, final.message, final.category, self.settings
                         )
                 # The report goes once every chunk is settled: delivered, or counted lost.
                 await poster.settle()
             finally:
                 poster.abandon()
         if final is None:
-            body = stream_final_body(aggregate, aggregate=aggregate is not None)
-            return Report(
-                self._encode(job.id, note_undelivered(body, poster.undelivered)), is_stream=True
-            )
-        final = note_undelivered(
-            final, poster.undelivered, limit=MAX_ERROR_BODY_BYTES - _STOP_POD_ROOM
-        )
-        return Report(encode_body(self._with_refresh(final)), is_stream=True, exit=status)
-
-    def _error_chunk_text(self, error: object) -> str:
-        # The user's own error text still leaves the process: redact and bound it (I6).
-        return clip(self.settings.redactor.redact(str(error)))
-
-    def _chunk_error(self, err: ResultEncodingError) -> dict[str, Any]:
-        return output_error_body(
-            err, category="unknown", identity=self.identity, redactor=self.settings.redactor
-        )
+            body = self.payloads.stream_final(aggregate, poster.undelivered)
+            return Report(self._encode(job.id, body), is_stream=True)
+        error = self.payloads.error(final, undelivered=poster.undelivered)
+        return Report(error, is_stream=True, exit=status)
 
 
 def calm_chunk_taker(
@@ -318,7 +257,7 @@ def calm_chunk_taker(
         if not poster.accepts_now() or is_error_chunk(chunk):
             return False
         try:
-            encoded = encode_result({"output": chunk})
+            encoded = chunk_body(chunk)
         except ResultEncodingError:
             return False
         poster.put_now(encoded)
@@ -332,29 +271,6 @@ def calm_chunk_taker(
 def is_error_chunk(chunk: object) -> bool:
     """The reference's rule: a chunk ``{"error": ...}`` (truthy) ends the stream, unstreamed."""
     return isinstance(chunk, dict) and bool(chunk.get("error"))
-
-
-def note_undelivered(
-    body: dict[str, Any], undelivered: list[int], *, limit: int | None = None
-) -> dict[str, Any]:
-    """*body* naming the stream chunks that were never delivered (docs/protocol.md §3.4).
-
-    ``undelivered_chunk_count`` is always exact; ``undelivered_chunks`` lists their
-    indexes (from 0, in order), at most :data:`MAX_LISTED_CHUNKS`, and fewer when the
-    encoded body would exceed *limit* bytes (an error body keeps its bound, I6).
-    """
-    if not undelivered:
-        return body
-    listed = undelivered[:MAX_LISTED_CHUNKS]
-    while True:
-        noted = {
-            **body,
-            "undelivered_chunk_count": len(undelivered),
-            "undelivered_chunks": listed,
-        }
-        if limit is None or not listed or len(encode_body(noted)) <= limit:
-            return noted
-        listed = listed[: len(listed) // 2]
 
 
 # How much of a failed job's message its ERROR log line carries: the report has the rest.
@@ -378,10 +294,8 @@ def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | Keyboa
     the exception to report, worded with the exit status, and a fresh one for ``serve()``
     to raise at the end. Anything else: *exc* and None.
     """
-    leaf: BaseException | None = exc
-    if isinstance(exc, BaseExceptionGroup):
-        found, _ = exc.split((SystemExit, KeyboardInterrupt))
-        leaf = exception_leaves(found)[0] if found is not None else None
+    leaves = exception_leaves(exc)
+    leaf = next((e for e in leaves if isinstance(e, SystemExit | KeyboardInterrupt)), None)
     fresh: SystemExit | KeyboardInterrupt
     if isinstance(leaf, KeyboardInterrupt):
         fresh = KeyboardInterrupt()
@@ -403,9 +317,3 @@ def process_exit(exc: BaseException) -> tuple[BaseException, SystemExit | Keyboa
     told.__context__ = leaf.__context__
     told.__suppress_context__ = leaf.__suppress_context__
     return told, fresh
-
-
-def worker_identity(settings: Settings) -> WorkerIdentity:
-    """Who is reporting: the identity every error payload carries."""
-    platform = settings.platform
-    return WorkerIdentity(platform.worker_id, platform.hostname, __version__)

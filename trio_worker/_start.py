@@ -19,16 +19,14 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Unpack
 
 import trio
 
 from . import _worker
 from ._config import (
-    CaptureMode,
     LocalArgs,
     Settings,
-    Timings,
     UsageError,
     log_level_from,
     parse_cli,
@@ -38,15 +36,14 @@ from ._config import (
 from ._exceptions import ConfigurationError, InitializationError, exception_leaves
 from ._exit import exit_process, exit_status, watched_process
 from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
-from ._options import worker_options
+from ._options import StartOptions, check_keywords, spelled_out, worker_options
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Mapping
 
     from ._capture import OutputCapture
     from ._handlers import Handler
-    from ._initializer import Initializer
-    from ._options import AsyncBackend, Concurrency, WorkerOptions
+    from ._options import WorkerOptions
 
 log = logging.getLogger("trio_worker")
 
@@ -75,20 +72,8 @@ def configure_logging(level: int, environ: Mapping[str, str]) -> None:
     logger.propagate = False
 
 
-def start(
-    handler: Handler | Mapping[str, Any],
-    *,
-    initializer: Initializer | None = None,
-    init_timeout: float | None = None,
-    concurrency: Concurrency = 1,
-    return_aggregate_stream: bool = False,
-    refresh_worker: bool = False,
-    async_backend: AsyncBackend | None = None,
-    capture_logs: CaptureMode = "on",
-    timings: Timings | None = None,
-    argv: Sequence[str] | None = None,
-    crash_watch: bool = True,
-) -> NoReturn:
+@spelled_out("start")
+def start(handler: Handler | Mapping[str, Any], **given: Unpack[StartOptions]) -> NoReturn:
     """Run this process as a Runpod Serverless worker; never returns.
 
     The drop-in for ``runpod.serverless.start``. The mode comes from the command line and
@@ -104,41 +89,19 @@ def start(
             instead be the reference's one dict, ``{"handler": h, "concurrency_modifier":
             f, "return_aggregate_stream": b, "refresh_worker": b, "initializer": i,
             "init_timeout": t}``: its values win over the keywords.
-        initializer (callable or None): called once with no arguments before any handler
-            runs (a sync one in a thread of its own, an async one on the loop); load the
-            model here. If it raises or outlasts *init_timeout*, every request this worker
-            holds is failed with ``"event": "init_failed"`` and the process exits 1.
-        init_timeout (float or None): seconds the initializer may take; ``None``: no bound
-            from the SDK. Negative, NaN or a bool: ``ConfigurationError``.
-        concurrency (int or callable): jobs held at once, an ``int >= 1``, or
-            ``f(current) -> int`` asked before every take (default 1).
-        return_aggregate_stream (bool): for a streaming handler, the final result is the
-            list of every chunk instead of ``[]``.
-        refresh_worker (bool): shut down after the first job's result is delivered; every
-            result carries ``"stopPod": true``.
-        async_backend ("trio", "asyncio" or None): where the async handler, initializer
-            and concurrency callable run. ``None``, in either form: ``"asyncio"`` when any
-            of them is async (every async handler written for the reference is asyncio
-            code), ``"trio"`` when they are all sync. Trio code says ``"trio"``.
-        capture_logs ("on" or "off"): capture fds 1 and 2 so error reports carry the
-            output tail (secrets redacted).
-        timings (Timings or None): the worker's internal timeouts; ``None``: ``Timings()``.
-        argv (sequence of str or None): the flags to parse instead of ``sys.argv[1:]``.
-        crash_watch (bool): in queue mode, run the worker in a child process under a
-            watchdog that reports the jobs it held if it dies (a segfault, the OOM
-            killer): docs/how-it-works.md. ``False`` (or ``TRIO_WORKER_CRASH_WATCH=0``)
-            runs it in this process, as before.
+        **given: the keyword arguments below.
 
     Returns:
         Never. The process ends through ``os._exit`` after flushing logs and streams, so
         a thread left behind cannot keep it alive.
 
     Raises:
-        Nothing: every outcome is an exit status. 0: the queue worker shut down (signal,
-            ``refresh_worker``), or a local run succeeded. 1: init failure (after every
-            held job was failed), a failed local run, a ``ConfigurationError`` (logged as
-            one ``configuration error:`` line), or a crash (logged with its traceback).
-            130: a second SIGINT during a shutdown. docs/reference.md lists every status.
+        TypeError: for a keyword it does not take; otherwise nothing: every outcome is an
+            exit status. 0: the queue worker shut down (signal, ``refresh_worker``), or a
+            local run succeeded. 1: init failure (after every held job was failed), a
+            failed local run, a ``ConfigurationError`` (logged as one ``configuration
+            error:`` line), or a crash (logged with its traceback). 130: a second SIGINT
+            during a shutdown. docs/reference.md lists every status.
 
     Examples:
         A worker file, run as ``python handler.py`` in the container::
@@ -163,6 +126,8 @@ def start(
         Locally: ``python handler.py --test_input '{"input": {"prompt": "hi"}}'``, or
         ``python handler.py --rp_serve_api --rp_api_port 8000`` for the endpoint API.
     """
+    check_keywords("start", given)
+    argv = given.pop("argv", None)
     capture: OutputCapture | None = None
     leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process
     try:
@@ -171,18 +136,7 @@ def start(
             sys.stdout.write(reference_flags(_prog()).format_help())
             leave(0, None)
         configure_logging(log_level_from(os.environ, args.log_level), os.environ)
-        options = worker_options(
-            handler,
-            initializer=initializer,
-            init_timeout=init_timeout,
-            concurrency=concurrency,
-            return_aggregate_stream=return_aggregate_stream,
-            refresh_worker=refresh_worker,
-            async_backend=async_backend,
-            capture_logs=capture_logs,
-            timings=timings,
-            crash_watch=crash_watch,
-        )
+        options = worker_options(handler, "start", **given)
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
         )
@@ -251,11 +205,8 @@ def _exit_status_for(exc: BaseException) -> int:
 
 def _sole_leaf(exc: BaseException) -> BaseException:
     """The one exception inside *exc* (Cancelled aside), or *exc* itself."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc
-    _, rest = exc.split(trio.Cancelled)
-    leaves = exception_leaves(rest) if rest is not None else []
-    return _sole_leaf(leaves[0]) if len(leaves) == 1 else exc
+    leaves = exception_leaves(exc, ignore=trio.Cancelled)
+    return leaves[0] if len(leaves) == 1 else exc
 
 
 # Binding the local endpoint failed for a reason the user fixes with another host or port.

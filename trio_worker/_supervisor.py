@@ -38,9 +38,10 @@ from ._exceptions import (
     RateLimited,
     TransportError,
 )
-from ._initializer import init_failure_report, run_initializer
+from ._initializer import run_initializer
 from ._job import Capacity, JobDriver, StopMemory
 from ._pacing import FoldedLog, backoff_delay, rate_limit_wait
+from ._payloads import JobError
 from ._scopes import at_take_end, when_stopping
 from ._state import Ledger, WorkerPhase
 
@@ -223,9 +224,7 @@ class Supervisor:
             len(self.ledger),
         )
         self.failure = failure
-        self.driver.init_failed_body = init_failure_report(
-            failure, self.runner.identity, self.settings.redactor
-        )
+        self.driver.init_failed_body = self.runner.payloads.error(JobError.init_failed(failure))
         self.state.fail_init("the initializer failed", failed_at=failure.failed_at)
         assert self._nursery is not None
         self._nursery.cancel_scope.cancel()

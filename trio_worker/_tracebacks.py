@@ -46,13 +46,8 @@ def error_type_name(exc: BaseException) -> str:
 
 def format_traceback(exc: BaseException) -> str:
     """The traceback of *exc*, its causes, contexts and exception-group members, each
-    starting at the user's code.
-
-    The frames a handler's exception passes through before it reaches the user's code
-    (trio_worker's runner, trio's thread machinery, outcome, asyncio's task steps) are
-    the same for every job and say nothing about the failure; they are left out, with a
-    line saying how many. A traceback made only of such frames (an error of the SDK's
-    own) is kept whole.
+    starting at the user's code, the frames before it counted in one line. A traceback of
+    such frames only (an error of the SDK's own) is kept whole.
     """
     try:
         summary = traceback.TracebackException.from_exception(exc)

@@ -12,13 +12,13 @@ import dataclasses
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Unpack
 
 import trio
 
 from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_convoy import ChunkConvoy
-from ._config import CaptureMode, Settings, Timings, without_credentials
+from ._config import Settings, without_credentials
 from ._delivery import Delivery
 from ._exceptions import (
     ConfigurationError,
@@ -27,7 +27,8 @@ from ._exceptions import (
     exception_leaves,
 )
 from ._exit import watch_signals
-from ._options import AsyncBackend, Concurrency, WorkerOptions, worker_options
+from ._options import ServeOptions, WorkerOptions, spelled_out, worker_options
+from ._payloads import Payloads
 from ._platform._client import PlatformClient
 from ._platform._heartbeat import HeartbeatThread, heartbeat_task
 from ._progress_calls import ProgressTarget, running_worker
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
     from ._exit import ExitGuard
     from ._handlers import Handler
-    from ._initializer import Initializer
     from ._platform._http import BackendWrapper, StreamOpener
     from ._state import TransitionHook
 
@@ -102,20 +102,12 @@ class Seams:
     exit_guard: ExitGuard | None = None  # start()'s signals and exit watchdog
 
 
+@spelled_out("serve")
 async def serve(
     handler: Handler,
     *,
-    initializer: Initializer | None = None,
-    init_timeout: float | None = None,
-    concurrency: Concurrency = 1,
-    return_aggregate_stream: bool = False,
-    refresh_worker: bool = False,
-    async_backend: AsyncBackend = "trio",
-    capture_logs: CaptureMode = "on",
-    timings: Timings | None = None,
-    environ: Mapping[str, str] | None = None,
-    handle_signals: bool = True,
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
+    **given: Unpack[ServeOptions],
 ) -> None:
     """Run the worker inside the current trio run until it shuts down.
 
@@ -124,16 +116,11 @@ async def serve(
 
     Args:
         handler: called with each job dict; sync, async, or a (sync or async) generator.
-        initializer: run once (sync in a thread, or async) before any handler starts.
-        init_timeout: seconds the initializer may take; None means no SDK bound.
-        concurrency: jobs held at once, or a callable ``f(current) -> int``.
-        capture_logs: "on" captures fds 1 and 2 for error reports; "off" does not.
-        timings: the worker's internal timeouts (shutdown grace, report deadline, ...).
-        environ: where to read ``RUNPOD_*`` from; ``os.environ`` by default.
-        handle_signals: SIGTERM/SIGINT start a graceful shutdown; a second SIGINT raises
-            KeyboardInterrupt.
+        task_status: given by ``nursery.start``.
+        **given: the keyword arguments below.
 
     Raises:
+        TypeError: a keyword it does not take.
         ConfigurationError: a setting is invalid (before anything runs).
         InitializationError: the initializer failed; every held job has been failed.
         KeyboardInterrupt: a second SIGINT arrived during the shutdown, or a handler
@@ -142,17 +129,9 @@ async def serve(
             worker shut down as on SIGTERM, then this is raised with the exit status.
         WorkerInternalError: a bug in trio_worker (chained from what the nursery raised).
     """
-    options = worker_options(
-        handler,
-        initializer=initializer,
-        init_timeout=init_timeout,
-        concurrency=concurrency,
-        return_aggregate_stream=return_aggregate_stream,
-        refresh_worker=refresh_worker,
-        async_backend=async_backend,
-        capture_logs=capture_logs,
-        timings=timings,
-    )
+    environ = given.pop("environ", None)
+    handle_signals = given.pop("handle_signals", True)
+    options = worker_options(handler, "serve", **given)
     await run_worker(
         options, environ=environ, handle_signals=handle_signals, task_status=task_status
     )
@@ -272,9 +251,11 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
+    # Every body of the worker's jobs, with its identity, built once here.
+    payloads = Payloads.for_worker(settings, stop_pod=options.refresh_worker)
     # The one deadline registry, read by every wait of the worker (docs/how-it-works.md).
     waits = Scopes(settings.timings)
-    delivery = Delivery(settings, client, waits)
+    delivery = Delivery(settings, client, waits, payloads)
     records = crash_records.installed()  # this process is a watched worker
     delivery.finals = records
     token = trio.lowlevel.current_trio_token()
@@ -288,6 +269,7 @@ def _build(
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
+        payloads,
         ChunkConvoy(
             client.post_pipelined,
             beside_the_jobs,
@@ -323,9 +305,8 @@ def _outside(group: BaseExceptionGroup[BaseException]) -> BaseException:
     the caller's scope, one of our documented errors is itself, anything else is a bug.
     """
     outside: BaseException
-    interrupts, _ = group.split(KeyboardInterrupt)
     leaves = exception_leaves(group)
-    if interrupts is not None:
+    if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
         outside = KeyboardInterrupt()
     elif all(isinstance(leaf, trio.Cancelled) for leaf in leaves):
         return leaves[0]

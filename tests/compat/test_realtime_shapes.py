@@ -20,6 +20,7 @@ from trio_worker import Timings as _Timings
 from trio_worker._app._realtime import RealtimeApp, _Discarded
 from trio_worker._config import Settings
 from trio_worker._options import worker_options
+from trio_worker._payloads import Payloads
 from trio_worker._runner import JobRunner, JobSpec
 from trio_worker._scopes import Scopes
 
@@ -45,6 +46,7 @@ async def realtime_answer(handler: Callable[[dict[str, Any]], Any], job: dict[st
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
+        Payloads.for_worker(settings),
         _Discarded(),
         None,
         Scopes(_Timings()),

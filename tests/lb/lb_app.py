@@ -4,7 +4,7 @@
 ``segv`` (the process dies by SIGSEGV while loading), ``stubborn`` (never returns, and
 swallows its cancellation); ``LB_INIT_TIMEOUT`` bounds it. ``GET /slow`` waits for
 ``LB_SLOW_S`` seconds, ``GET /crash`` kills the process with SIGSEGV; ``LB_GRACE_S`` is
-the shutdown grace.
+the shutdown grace, ``LB_FAILURE_HOLD_S`` how long a failed load is held before status 1.
 """
 
 from __future__ import annotations
@@ -64,5 +64,6 @@ async def crash() -> None:
 if __name__ == "__main__":
     grace = float(os.environ.get("LB_GRACE_S", "20"))
     init_timeout = float(os.environ.get("LB_INIT_TIMEOUT", "30"))
-    timings = trio_worker.Timings(shutdown_grace=grace, failure_hold=0.2)
+    hold = float(os.environ.get("LB_FAILURE_HOLD_S", "0.2"))
+    timings = trio_worker.Timings(shutdown_grace=grace, failure_hold=hold)
     trio_worker.start_app(app, init_timeout=init_timeout, timings=timings)

@@ -101,7 +101,8 @@ async def test_on_asyncio_a_request_the_grace_cuts_gets_503_and_the_exit_is_0(
 
 
 async def test_a_failed_load_is_logged_once_and_exits_1(nursery: trio.Nursery) -> None:
-    worker, url = await start(nursery, LB_LOAD="fail")
+    # Held long enough that a loaded machine still reads the 503 before the exit.
+    worker, url = await start(nursery, LB_LOAD="fail", LB_FAILURE_HOLD_S="3")
     try:
         await worker.until_output("the model failed to load")
         answer = await get(url + "/ping")

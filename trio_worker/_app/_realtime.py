@@ -27,6 +27,7 @@ from .._backends import BACKENDS
 from .._config import Settings
 from .._exceptions import ConfigurationError
 from .._exit import watched_process
+from .._payloads import Payloads
 from .._runner import JobRunner, JobSpec
 from .._scopes import Scopes
 from .._state import HeldJob
@@ -185,6 +186,7 @@ def serve_realtime(options: WorkerOptions, port: int) -> int:
     runner = JobRunner(
         JobSpec.from_options(options),
         settings,
+        Payloads.for_worker(settings, stop_pod=options.refresh_worker),
         _Discarded(),
         capture,
         waits,

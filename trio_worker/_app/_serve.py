@@ -28,9 +28,9 @@ import trio
 
 from .._backends import makes_coroutine
 from .._categories import classify
-from .._errors import clip
 from .._exceptions import ConfigurationError
 from .._fitness import FitnessCheckFailed, check_fitness
+from .._fitting import clip
 from .._initializer import call_initializer, run_initializer
 from .._scopes import Scopes
 from ._gate import Gate

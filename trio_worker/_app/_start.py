@@ -13,80 +13,55 @@ import functools
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, Unpack, cast
 
 from .._config import Settings, log_level_from, parse_cli, reference_flags
 from .._exit import exit_process, watched_process
-from .._options import worker_options
+from .._options import AppOptions, check_keywords, spelled_out, worker_options
 from ._serve import Ports, bind_ports, check_app, serve_in_process
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
     from socket import socket
 
     from .._capture import OutputCapture
-    from .._config import CaptureMode, Timings
     from .._handlers import Handler
-    from .._initializer import Initializer
-    from .._options import AsyncBackend, WorkerOptions
+    from .._options import WorkerOptions
     from ._gate import ASGIApp
 
 log = logging.getLogger("trio_worker")
 
 
-def start_app(
-    app: ASGIApp,
-    *,
-    initializer: Initializer | None = None,
-    init_timeout: float | None = None,
-    async_backend: AsyncBackend | None = None,
-    capture_logs: CaptureMode = "on",
-    timings: Timings | None = None,
-    argv: Sequence[str] | None = None,
-    crash_watch: bool = True,
-) -> NoReturn:
+@spelled_out("start_app")
+def start_app(app: ASGIApp, **given: Unpack[AppOptions]) -> NoReturn:
     """Serve *app* as a Runpod load-balancing worker; never returns.
 
     The app (any ASGI 3 app: FastAPI, Starlette, ...) is served on ``PORT`` (default 80)
     and ``GET /ping`` on ``PORT_HEALTH`` (default: ``PORT``): 204 while the fitness checks,
     *initializer* and the app's lifespan startup run, 200 once they returned. Until then
-    every app route answers 503 with ``Retry-After``, and the app never runs. Full
-    reference: docs/load-balancing.md.
+    every app route answers 503 with ``Retry-After``, and the app never runs. Without an
+    initializer, the app's lifespan startup is the load; the app takes the handler's place
+    in choosing the backend. With the crash watchdog, a death is logged with its cause and
+    the process exits with the worker's status. Full reference: docs/load-balancing.md.
 
     Args:
         app: the ASGI application.
-        initializer: called once before the app serves (a sync one in a thread, an async
-            one on the app's loop). None: the app's lifespan startup is the load.
-        init_timeout: seconds the load (initializer and lifespan startup) may take; None:
-            no bound from the SDK.
-        async_backend: "trio", "asyncio" or None. None: asyncio when the app or the
-            initializer is async (as every FastAPI app is), as ``start()`` decides.
-        capture_logs: "on" captures fds 1 and 2, so a failed load logs the output that
-            explains it (secrets redacted).
-        timings: the worker's internal timeouts (``shutdown_grace``, ``failure_hold``...).
-        argv: the flags to parse instead of ``sys.argv[1:]`` (``--rp_log_level``).
-        crash_watch: run the app in a child process under a watchdog that logs why it
-            died (a segfault, the OOM killer) and exits with its status.
+        **given: the keyword arguments below.
 
     Returns:
         Never. Exit status 0 after a SIGTERM's shutdown; 1 when the load failed or timed
         out (after ``/ping`` answered 503 with the reason for ``Timings.failure_hold``
         seconds), or for a bad configuration; 2 for a bad flag or a port that cannot be
         bound; 128 + N after a second signal N.
+
+    Raises:
+        TypeError: for a keyword it does not take.
     """
+    check_keywords("start_app", given)
     capture: OutputCapture | None = None
     leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process
     try:
-        options, sockets = _prepare(
-            app,
-            argv,
-            initializer=initializer,
-            init_timeout=init_timeout,
-            async_backend=async_backend,
-            capture_logs=capture_logs,
-            timings=timings,
-            crash_watch=crash_watch,
-        )
+        options, sockets = _prepare(app, given)
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
         )
@@ -102,12 +77,11 @@ def start_app(
     leave(status, capture)
 
 
-def _prepare(
-    app: ASGIApp, argv: Sequence[str] | None, **given: Any
-) -> tuple[WorkerOptions, list[socket]]:
+def _prepare(app: ASGIApp, given: AppOptions) -> tuple[WorkerOptions, list[socket]]:
     from .._flags import UsageError
     from .._start import configure_logging
 
+    argv = given.pop("argv", None)
     args = parse_cli(sys.argv[1:] if argv is None else argv)
     if args.help:
         sys.stdout.write(reference_flags().format_help())
@@ -115,7 +89,7 @@ def _prepare(
     configure_logging(log_level_from(os.environ, args.log_level), os.environ)
     check_app(app)
     # The app takes the handler's place: the same checks, and the same backend rule.
-    options = worker_options(cast("Handler", app), **given)
+    options = worker_options(cast("Handler", app), "start_app", **given)
     ports = Ports.from_environ(os.environ)
     try:
         # Bound here, in the process the user started: a port in use is one line and

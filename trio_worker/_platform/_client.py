@@ -6,7 +6,7 @@ progress) the other. Cancelling a long-poll can leak a pool slot under contentio
 
 Every request here is a single attempt: what is worth another, and when, is decided
 elsewhere, once (the reports' retries in :meth:`~trio_worker._delivery.Delivery.post`, the
-long-polls' pauses in :mod:`trio_worker._intake`, both waits paced by
+long-polls' pauses in the supervisor's one poll loop, both waits paced by
 :mod:`trio_worker._pacing`). A ``Retry-After`` is parsed here (:func:`retry_after`) and
 handed on as asked, with no floor or cap of this module's.
 """

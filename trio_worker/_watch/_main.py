@@ -32,13 +32,16 @@ import selectors
 import signal
 import sys
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._capture._feed import Tee
 from . import _records
 from ._imports import load_package
 from ._launched import read_options
 from ._oom import oom_kills
+
+if TYPE_CHECKING:
+    from .._payloads import JobError
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
 # Asked to stop: the worker drains (SIGHUP too: a terminal closed, or a supervisor's
@@ -302,7 +305,7 @@ class _Watchdog:
         import trio
 
         from .._config import Settings, Timings
-        from ._report import crash_body, report_held
+        from ._report import crash_error, report_held
 
         timings = Timings(**self.spec["timings"])
         settings = Settings.from_environ(
@@ -312,17 +315,15 @@ class _Watchdog:
         oom = self._oom_killed(code)
         during_init = not self.ledger.ready
 
-        def crashed_body(job_id: str) -> bytes:
-            return crash_body(
-                job_id, code, output, oom_killed=oom, during_init=during_init, settings=settings
-            )
+        def crashed_error(job_id: str) -> JobError:
+            return crash_error(job_id, code, output, oom_killed=oom, during_init=during_init)
 
         async def report() -> None:
             await report_held(
                 settings,
                 finals,
                 crashed,
-                crashed_body,
+                crashed_error,
                 leave_now=lambda: leave(code),
                 early_signals=self.early_signals,
             )

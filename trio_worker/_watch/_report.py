@@ -13,7 +13,7 @@ rules of docs/error-categories.md (the "WorkerCrashed" rows):
    SIGFPE);
 4. otherwise the usual rules on the output (``unknown`` when none matches).
 
-The bodies are built by the same builder as every other error (``json_error_body``):
+The bodies are built by the same builder as every other error (``Payloads.error``):
 redacted, clipped, under 64 KiB. They are posted with the worker's own delivery rules
 (``Delivery``: the budget, retries, ``Retry-After``) cut by the watchdog's grace, while a
 ping keeps listing the jobs still to report, as the worker's own pings did.
@@ -29,8 +29,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .._categories import classify_crash
-from .._errors import WorkerIdentity, crashed_body, encode_body
-from .._version import __version__
+from .._payloads import JobError, notice
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -70,27 +69,27 @@ def describe_exit(code: int) -> str:
     return f"killed by {sig.name} (signal {-code}{': ' + words if words else ''})"
 
 
-def crash_body(
-    job_id: str, code: int, output: str, *, oom_killed: bool, during_init: bool, settings: Settings
-) -> bytes:
-    platform = settings.platform
-    body = crashed_body(
-        job_id=job_id,
-        how=describe_exit(code),
-        during_init=during_init,
+def crash_error(
+    job_id: str, code: int, output: str, *, oom_killed: bool, during_init: bool
+) -> JobError:
+    """What the report of *job_id* says: the process ended as *code* says (as
+    ``os.waitstatus_to_exitcode`` gives it), *output* its last output."""
+    where = "while its initializer was running" if during_init else "while holding this job"
+    return notice(
+        "WorkerCrashed",
         category=classify_crash(code, output, oom_killed=oom_killed),
         logs=output,
-        identity=WorkerIdentity(platform.worker_id, platform.hostname, __version__),
-        redactor=settings.redactor,
+        job_id=job_id,
+        how=describe_exit(code),
+        where=where,
     )
-    return encode_body(body)
 
 
 async def report_held(
     settings: Settings,
     finals: dict[str, tuple[bytes, bool]],
     crashed: list[str],
-    crashed_body: Callable[[str], bytes],
+    crashed_error: Callable[[str], JobError],
     *,
     leave_now: Callable[[], NoReturn],
     early_signals: list[int] | None = None,
@@ -99,7 +98,7 @@ async def report_held(
 
     *finals* are the terminal bodies the worker had started to post, ``{job_id: (body,
     is_stream)}``: each goes again, the same bytes to the same route. Each job in *crashed*
-    gets ``crashed_body(job_id)``, built only when its turn comes. At most
+    is reported failed with ``crashed_error(job_id)``, built only when its turn comes. At most
     ``REPORTS_AT_ONCE`` are in flight, so a worker that held a huge number of jobs costs
     neither a connection nor a body each at once.
 
@@ -111,6 +110,7 @@ async def report_held(
     receive them (the watchdog's handlers keep them in this list); they count first.
     """
     from .._delivery import Delivery
+    from .._payloads import Payloads
     from .._platform._client import PlatformClient
     from .._platform._heartbeat import heartbeat_task
     from .._scopes import Scopes
@@ -118,7 +118,9 @@ async def report_held(
     client = PlatformClient(settings.platform, settings.timings)
     plan = Scopes(settings.timings)
     plan.state.drain("the worker died; reporting the jobs it held", now=trio.current_time())
-    delivery = Delivery(settings, client, plan)
+    # The crashed bodies ask no stopPod: the worker that would be replaced is gone.
+    payloads = Payloads.for_worker(settings)
+    delivery = Delivery(settings, client, plan, payloads)
     remaining = dict.fromkeys([*finals, *crashed])
     outcome: dict[str, bool] = {}
     limiter = trio.CapacityLimiter(REPORTS_AT_ONCE)
@@ -128,7 +130,7 @@ async def report_held(
             if job_id in finals:
                 body, is_stream = finals[job_id]
             else:
-                body, is_stream = crashed_body(job_id), False
+                body, is_stream = payloads.error(crashed_error(job_id)), False
             outcome[job_id] = await delivery.deliver(job_id, body, is_stream=is_stream)
         remaining.pop(job_id, None)
 

@@ -107,6 +107,7 @@ async def serve_app(
     env = os.environ if environ is None else environ
     options = worker_options(
         cast("Handler", app),
+        "start_app",
         initializer=initializer,
         init_timeout=init_timeout,
         async_backend=async_backend,

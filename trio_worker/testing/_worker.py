@@ -9,41 +9,29 @@ itself. Same worker, same checks, same contract.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 import trio
 
 from .._exceptions import ConfigurationError
-from .._options import AsyncBackend, worker_options
+from .._options import ServeOptions, spelled_out, worker_options
 from .._worker import HeartbeatMode, Seams, WorkerHandle, run_worker
 from ._memory import memory_network
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable
 
     from .._capture import OutputCapture
-    from .._config import CaptureMode, Timings
     from .._handlers import Handler
-    from .._initializer import Initializer
-    from .._options import Concurrency
     from .._platform._http import BackendWrapper, StreamOpener
     from .._state import TransitionHook
     from ._http_server import ASGIApp
 
 
+@spelled_out("serve")
 async def serve(
     handler: Handler,
     *,
-    initializer: Initializer | None = None,
-    init_timeout: float | None = None,
-    concurrency: Concurrency = 1,
-    return_aggregate_stream: bool = False,
-    refresh_worker: bool = False,
-    async_backend: AsyncBackend = "trio",
-    capture_logs: CaptureMode = "on",
-    timings: Timings | None = None,
-    environ: Mapping[str, str] | None = None,
-    handle_signals: bool = True,
     open_stream: StreamOpener | None = None,
     wrap_backend: BackendWrapper | None = None,
     app: ASGIApp | None = None,
@@ -51,6 +39,7 @@ async def serve(
     observers: Iterable[TransitionHook] = (),
     capture: OutputCapture | None = None,
     task_status: trio.TaskStatus[WorkerHandle] = trio.TASK_STATUS_IGNORED,
+    **given: Unpack[ServeOptions],
 ) -> None:
     """:func:`trio_worker.serve`, plus the seams a test needs.
 
@@ -65,23 +54,16 @@ async def serve(
         heartbeat: "thread" (production), "task" (on trio's clock, for virtual time), "off".
         observers: called after every job state transition.
         capture: an already installed capture to use instead of installing one.
+        **given: :func:`trio_worker.serve`'s keyword arguments, below.
 
     Raises:
         Whatever :func:`trio_worker.serve` raises.
     """
     if heartbeat not in ("thread", "task", "off"):
         raise ConfigurationError(f"heartbeat must be 'thread', 'task' or 'off', got {heartbeat!r}")
-    options = worker_options(
-        handler,
-        initializer=initializer,
-        init_timeout=init_timeout,
-        concurrency=concurrency,
-        return_aggregate_stream=return_aggregate_stream,
-        refresh_worker=refresh_worker,
-        async_backend=async_backend,
-        capture_logs=capture_logs,
-        timings=timings,
-    )
+    environ = given.pop("environ", None)
+    handle_signals = given.pop("handle_signals", True)
+    options = worker_options(handler, "serve", **given)
     if app is not None and open_stream is not None:
         raise ConfigurationError("give serve() an app or an open_stream, not both")
 
