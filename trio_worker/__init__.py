@@ -5,8 +5,8 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
 - ``_start`` (``start()``, the process and its exit) and ``_worker`` (``serve()``) assemble
   the rest from ``_config`` (every knob: environment, CLI, ``Timings``).
 - ``_supervisor`` owns the nursery (init, take, run, stop) and ``_state`` the worker's
-  rules, pure: the job table, the phase, the ledger, every deadline; ``_initializer``, ``_runner`` and ``_handlers`` run
-  the user's code.
+  rules, pure: the job table, the phase, the ledger, every deadline; ``_initializer``,
+  ``_runner`` and ``_handlers`` run the user's code.
 - ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
   ``_capture/`` captures and redacts output; ``_payloads`` (every body, one JSON policy;
   with ``_fitting``, ``_json_problems``), ``_tracebacks`` and ``_categories`` build the

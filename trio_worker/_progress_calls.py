@@ -8,7 +8,7 @@ reference finds it: the worker whose context the call runs in (set while its job
 copied into the threads the worker starts), else the running worker whose ledger holds
 that id. Several workers in one process each get their own jobs' updates.
 
-The rules of the posts themselves are :class:`~trio_worker._progress.ProgressPosts`'s, on
+The rules of the posts themselves are :class:`~trio_worker._delivery.ProgressPosts`'s, on
 the worker's trio thread: one at a time per job, the newest waiting, never after the job's
 final result. A call from another thread is handed to that thread; while one hand-over of
 a job is on its way, newer updates replace its body rather than queue more hand-overs, so
@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._payloads import ResultEncodingError, progress_body
-from ._progress import warn_too_late
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -169,3 +168,9 @@ def _holder(job_id: str) -> ProgressTarget | None:
     else:
         log.warning("progress_update for job %s, which no worker here is running; ignored", job_id)
     return None
+
+
+def warn_too_late(job_id: str) -> None:
+    """The one line for an update made once its job has ended (its final report under way
+    or delivered, or the job stopped or released): never posted."""
+    log.warning("progress_update for job %s after the job ended; ignored", job_id)

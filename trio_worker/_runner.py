@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ import trio
 from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
 from ._categories import classify
 from ._chunk_posts import ChunkPoster, ChunkSink
-from ._compat import clear_reference_debugger
+from ._compat import DEBUGGER_MODULE, clear_reference_debugger
 from ._exceptions import MalformedJob, exception_leaves
 from ._exit import exit_status
 from ._fitting import clip
@@ -115,7 +116,10 @@ class JobRunner:
             return await self._run(job, mark)
         finally:
             current_progress.reset(reset)
-            clear_reference_debugger()  # as the reference's loop does after each job
+            # As the reference's loop does after each job; only users of runpod's
+            # rp_debugger have anything to clear.
+            if DEBUGGER_MODULE in sys.modules:
+                clear_reference_debugger()
 
     async def _run(self, job: HeldJob, mark: int) -> Report:
         with job_output(job.id) as output:
