@@ -24,7 +24,8 @@ from ._attribution import (
     job_output,
     logs_for_job,
 )
-from ._fd import OutputCapture, flush_stdio
+from ._fd import OutputCapture
+from ._pipes import flush_stdio
 from ._redact import REDACTED, Redactor
 
 __all__ = [

@@ -35,14 +35,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import fcntl
-import functools
 import os
 import select
 import selectors
-import sys
-import termios
 import threading
 import time
 import traceback
@@ -51,8 +46,9 @@ from typing import TYPE_CHECKING
 
 from ._pipes import close_all as _close_all
 from ._pipes import dup2 as _dup2
-from ._pipes import grow_pipe
+from ._pipes import flush_stdio, grow_pipe
 from ._pipes import identity as _identity
+from ._pipes import pending_bytes as _pending
 from ._pipes import wait_writable as _wait_writable
 from ._redact import EDGE_CONTEXT, redact_from
 
@@ -60,7 +56,7 @@ if TYPE_CHECKING:
     from ._feed import Feed
     from ._redact import Redactor
 
-__all__ = ["OutputCapture", "flush_stdio"]
+__all__ = ["OutputCapture"]
 
 READER_THREAD_NAME = "trio_worker-output-capture"
 
@@ -440,38 +436,9 @@ def _redirect(fd: int) -> _Redirect:
     return _Redirect(fd=fd, saved=saved, read_end=read_end, pipe_id=pipe_id)
 
 
-def _pending(fd: int) -> int:
-    """Bytes waiting in the pipe *fd* (0 when it cannot tell)."""
-    buf = bytearray(4)
-    with contextlib.suppress(OSError):
-        fcntl.ioctl(fd, termios.FIONREAD, buf, True)
-    return int.from_bytes(buf, sys.byteorder)
-
-
 def _char_start(data: bytes, index: int) -> int:
     """*index* moved back to the start of the UTF-8 character it falls in."""
     for _ in range(3):
         if 0 < index < len(data) and data[index] & 0xC0 == 0x80:
             index -= 1
     return index
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(None)
-        libc.fflush.argtypes = [ctypes.c_void_p]
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-def flush_stdio() -> None:
-    """Flush Python's and C's user-space buffers into fds 1 and 2."""
-    for stream in (sys.stdout, sys.stderr):
-        if stream is not None:
-            with contextlib.suppress(Exception):
-                stream.flush()
-    libc = _libc()
-    if libc is not None:
-        libc.fflush(None)  # NULL: every C stdio stream, CUDA's and extensions' included

@@ -1,13 +1,18 @@
-"""fd plumbing shared by the capture (`_fd`) and the crash watchdog's tee (`_feed`)."""
+"""fd plumbing shared by the capture (`_fd`) and the crash watchdog's tee (`_feed`), and the
+flush of Python's and C's stdio buffers into fds 1 and 2."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
+import functools
 import mmap
 import os
 import select
+import sys
+import termios
 
 _MAX_PIPE_SIZE = 1 << 20
 _MIN_PIPE_SIZE = 1 << 16
@@ -72,3 +77,32 @@ def shared_page(name: str) -> tuple[int, mmap.mmap]:
 def map_page(fd: int) -> mmap.mmap:
     """The page `shared_page` made, mapped again from its fd (after exec)."""
     return mmap.mmap(fd, mmap.PAGESIZE)
+
+
+def pending_bytes(fd: int) -> int:
+    """Bytes waiting in the pipe *fd* (0 when it cannot tell)."""
+    buf = bytearray(4)
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(fd, termios.FIONREAD, buf, True)
+    return int.from_bytes(buf, sys.byteorder)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.fflush.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def flush_stdio() -> None:
+    """Flush Python's and C's user-space buffers into fds 1 and 2."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    libc = _libc()
+    if libc is not None:
+        libc.fflush(None)  # NULL: every C stdio stream, CUDA's and extensions' included
