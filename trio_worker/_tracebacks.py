@@ -62,8 +62,8 @@ def _package_dir(path: str | None) -> str:
 
 
 def _asyncio_dir() -> str:
-    # Found, not imported: asyncio is about 15 ms of start-up (python -X importtime) that a
-    # worker on the trio backend never needs.
+    # Found, not imported: importing asyncio costs start-up time (docs/benchmarks.md) that
+    # a worker on the trio backend never needs.
     module = sys.modules.get("asyncio")
     if module is None:
         spec = importlib.machinery.PathFinder.find_spec("asyncio")

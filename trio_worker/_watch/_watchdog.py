@@ -258,7 +258,7 @@ def exec_watchdog(spec: dict[str, Any], exec_pending: int | None = None) -> NoRe
 
 
 def _start_at_low_priority(spec: dict[str, Any]) -> None:
-    # The watchdog's start (an interpreter, ~30 ms of CPU) must not slow the worker's on a
+    # The watchdog's start (an interpreter's, docs/benchmarks.md) must not slow the worker's on a
     # busy machine: it starts at a low priority and restores the original once waiting
     # (_main). Only where it may: raising a priority back needs CAP_SYS_NICE or room in
     # RLIMIT_NICE, and without them (Docker's default) it would stay low for life.
