@@ -50,10 +50,11 @@ def test_streams_start_together_or_spread_over_one_interval(
     assert sorted(starts) == [0, 1, 2, 3]
     offsets = [starts[job_id] - starts[0] for job_id in range(4)]
     if phased:
-        # Stream k waits k/4 of the interval before its first step, so they start in order,
-        # the last 6 ms after the first (a loop's timer may fire a clock tick early).
+        # Stream k waits k/4 of the interval before its first step, so it starts at least
+        # that long after the first (a loop's timer may fire a clock tick early). Only lower
+        # bounds: a loaded machine may run two due streams in either order.
         assert sorted(waits) == pytest.approx([INTERVAL / 4, INTERVAL / 2, 3 * INTERVAL / 4])
-        assert offsets == sorted(offsets)
-        assert offsets[3] >= 0.75 * 3 * INTERVAL / 4
+        for k, offset in enumerate(offsets):
+            assert offset >= 0.75 * k * INTERVAL / 4, offsets
     else:
         assert waits == []  # all started in the same loop pass
