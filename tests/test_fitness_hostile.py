@@ -184,6 +184,31 @@ async def test_a_process_a_check_started_and_left_is_ended_with_the_check(
     assert f"(pid {process.pid}): ended" in caplog.text
 
 
+async def test_a_check_cancelled_from_outside_still_has_its_processes_ended(
+    platform: tuple[FakePlatform, Any],
+    started: list[subprocess.Popen[bytes]],
+    released: threading.Event,
+) -> None:
+    # A SIGTERM during the checks cancels them: what the check left must still be ended,
+    # shielded from that cancellation. Real time: the check's thread starts a real process.
+    sidecar_up = threading.Event()
+
+    @trio_worker.register_fitness_check
+    def starts_a_sidecar_and_hangs() -> None:
+        started.append(subprocess.Popen(SLEEPER))
+        sidecar_up.set()
+        released.wait()
+
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(gate, platform)
+            await trio.to_thread.run_sync(sidecar_up.wait, abandon_on_cancel=True)
+            scope.cancel()
+    assert scope.cancelled_caught
+    [process] = started
+    assert not alive(process.pid)
+
+
 async def test_processes_that_were_there_before_the_check_are_left_alone(
     platform: tuple[FakePlatform, Any], started: list[subprocess.Popen[bytes]]
 ) -> None:
