@@ -11,6 +11,8 @@ import trio.testing
 
 from tests.backends import HostLoopClock
 from tests.installs import Install, install_by_pth, install_editable, install_wheel
+from tests.supervisor_harness import Harness
+from trio_worker.testing import FakePlatform
 
 
 @pytest.fixture
@@ -25,6 +27,17 @@ def virtual_clock(request: pytest.FixtureRequest) -> trio.abc.Clock:
     if callspec is not None and callspec.params.get("backend") == "asyncio":
         return HostLoopClock()
     return trio.testing.MockClock(autojump_threshold=0)
+
+
+@pytest.fixture
+def harness(backend: str) -> Harness:
+    """The worker on the test's ``backend`` against a fake platform whose long-polls hold
+    5 s (``tests/supervisor_harness.py``).
+
+    The test requests ``virtual_clock`` itself: pytest-trio picks the run's clock from the
+    test's own arguments, not from fixtures' dependencies.
+    """
+    return Harness(FakePlatform(take_hold=5.0, stop_hold=5.0), backend)
 
 
 class _Keeper(logging.Handler):
