@@ -9,10 +9,8 @@ tests/test_fake_platform_faults.py.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -287,14 +285,10 @@ async def test_disconnected_take_over_loopback_keeps_the_job(nursery: trio.Nurse
 
 
 def test_cli_serves_preloaded_jobs_and_stats() -> None:
-    root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-    }
+    # The installed package (the test venv has it), not the checkout on PYTHONPATH.
     command = [sys.executable, "-m", "trio_worker.testing", "--port", "0", "--preload", "3"]
     with subprocess.Popen(
-        [*command, "--take-hold", "0"], stdout=subprocess.PIPE, text=True, env=env
+        [*command, "--take-hold", "0"], stdout=subprocess.PIPE, text=True
     ) as process:
         try:
             assert process.stdout is not None
