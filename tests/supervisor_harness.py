@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import trio
 
 import trio_worker
 import trio_worker.testing
 from tests.backends import sleep_for
-from trio_worker._options import AsyncBackend
+from tests.conftest import serve_in_process
 from trio_worker.testing import FakePlatform
 
 Handler = Callable[[dict[str, Any]], Any]
@@ -24,7 +24,6 @@ class Harness:
     def __init__(self, platform: FakePlatform, backend: str = "trio") -> None:
         self.platform = platform
         self.backend = backend
-        self.environ = platform.worker_env("http://platform", ping_interval_ms=1000)
         self.error: BaseException | None = None
         self.finished = trio.Event()
         self._changed = trio.Event()
@@ -49,19 +48,10 @@ class Harness:
 
         async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
             try:
-                await trio_worker.testing.serve(
-                    handler,
-                    # serve() itself refuses a name that is neither.
-                    async_backend=cast("AsyncBackend", self.backend),
-                    environ=self.environ,
-                    app=self.platform,
-                    heartbeat="task",
-                    handle_signals=False,
-                    capture_logs="off",
-                    task_status=task_status,
-                    observers=observers,
-                    **kwargs,
+                serve = serve_in_process(
+                    self.platform, handler, backend=self.backend, observers=observers, **kwargs
                 )
+                await serve(task_status=task_status)
             except trio_worker.InitializationError as exc:
                 self.error = exc
             finally:
