@@ -12,9 +12,10 @@ deadline is interrupted (SIGINT, then SIGTERM, then SIGKILL). A failure ends the
 
 Why rounds: Hypothesis spends a property's examples before it moves on, so one run of the
 suite at 40 times the examples spent the better part of an hour inside its first few
-properties. A round of the CI counts reaches every property in minutes (2,660 examples:
-under 2 minutes on 2 idle cores, about 8 on 2 busy ones); the rounds then come back to each one with a new seed, so the time buys new examples of every
-property rather than more of the first ones.
+properties. A round of the CI counts reaches every property in minutes (about 2,700
+examples: under 2 minutes on 2 idle cores, 3 to 6 on 2 busy ones); the rounds then come
+back to each one with a new seed, so the time buys new examples of every property rather
+than more of the first ones.
 
 Every ``--interval`` seconds it samples the resident memory of the round's pytest process
 (``VmRSS`` in ``/proc/PID/status``) and prints one row: elapsed time, round, RSS, examples

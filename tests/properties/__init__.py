@@ -9,8 +9,9 @@ repository. ``tests/test_properties.py`` applies them to its own tests:
   every planted bug; ``tests/test_properties.py`` runs in about 100 s on 2 cores.
 * ``soak``: random seeds, 40 times the examples, the example database on, for long
   exploratory runs. ``HYPOTHESIS_SOAK_SCALE`` (a number above 0) replaces the 40:
-  ``scripts/soak_properties.py`` runs rounds of a few times the examples, a fresh seed
-  each, so that every property is reached early and again (docs/property-suite.md).
+  ``scripts/soak_properties.py`` runs rounds of the CI counts (or a few times them), a
+  fresh seed each, so that every property is reached early and again
+  (docs/property-suite.md).
 
 Select with ``HYPOTHESIS_PROFILE=soak``. A name this suite does not define falls back to
 ``default`` (so a global ``HYPOTHESIS_PROFILE=ci`` for other suites does not break this one).
