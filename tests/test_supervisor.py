@@ -18,7 +18,10 @@ import trio
 import trio_worker
 import trio_worker.testing
 from tests.backends import BOTH_BACKENDS, sleep_for
-from tests.supervisor_harness import Harness, echo_on
+
+# Harness as Harness: tests/test_log_records.py still imports it from this module.
+from tests.supervisor_harness import Harness as Harness
+from tests.supervisor_harness import echo_on
 from trio_worker._pacing import RATE_LIMIT_JITTER
 from trio_worker.testing import Fault
 
