@@ -1,42 +1,54 @@
-"""Soak the property suite and watch its memory: one long run of the ``soak`` profile.
+"""Soak the property suite in rounds and watch its memory.
 
-Runs
+Each round is one pytest process running the whole of ``tests/test_properties.py``:
 
-    HYPOTHESIS_PROFILE=soak python -m pytest tests/test_properties.py -x --hypothesis-seed=N
+    HYPOTHESIS_PROFILE=soak HYPOTHESIS_SOAK_SCALE=S \\
+        python -m pytest tests/test_properties.py -x --hypothesis-seed=N
 
-(N random unless ``--seed`` is given, printed either way) for ``--minutes``, samples the
-resident memory of that pytest process (``VmRSS`` in ``/proc/PID/status``) every
-``--interval`` seconds, and prints one row per sample: elapsed time, RSS, examples run so
-far, examples per second since the previous row, and the property running. At the deadline
-it interrupts pytest (SIGINT, then SIGTERM, then SIGKILL) and prints a verdict: RSS at the
-start, the end, the minimum and maximum, the least-squares slope, and whether the later
-properties stayed within ``--tolerance`` of the peak of the first one.
+with *S* times each property's CI example count (``--scale``, default 1) and a fresh seed
+*N* (printed; the first round's is ``--seed`` when given, the later ones are drawn from
+it). Rounds follow one another until ``--minutes`` are up; the round running at the
+deadline is interrupted (SIGINT, then SIGTERM, then SIGKILL). A failure ends the soak.
 
-Memory is not expected to be constant within a property: Hypothesis keeps the data of up
-to 10,000 examples per test (its ``ConjectureRunner`` cache, ``stats_per_test_case``, its
-tree of the choices made so far), 40-50 KiB an example here, released when the test ends;
-the next property reuses that memory. So RSS climbs during the first property (about 500
-MiB after its 9,600 examples) and must then stay at that level, not climb further from one
-property to the next: that is what the verdict checks, and why it needs a run long enough
-to reach the second property (on 2 busy cores, 10 minutes or more; 30 to see several).
+Why rounds: Hypothesis spends a property's examples before it moves on, so one run of the
+suite at 40 times the examples spent the better part of an hour inside its first few
+properties. A round of the CI counts reaches every property in minutes (about 2,700
+examples: under 2 minutes on 2 idle cores, 3 to 6 on 2 busy ones); the rounds then come
+back to each one with a new seed, so the time buys new examples of every property rather
+than more of the first ones.
 
-A failure's shrinking runs more examples of the same test, and they grow memory at the
-same rate: the profiles leave out Hypothesis's ``explain`` phase, which would trace each
-of them and keep about 130 KiB of executed branches per example (over 1 GiB in a few
-minutes of shrinking, see ``tests/properties/__init__.py``), and a failing example's
-exception no longer holds its run (``drop_frames`` in ``tests/properties/invariants.py``).
+Every ``--interval`` seconds it samples the resident memory of the round's pytest process
+(``VmRSS`` in ``/proc/PID/status``) and prints one row: elapsed time, round, RSS, examples
+run so far in the round, examples per second since the previous row, and the property
+running. After each round it prints the round's seed, its RSS (start, peak, end) and each
+test it reached with its examples. At the end, a verdict: the properties no round reached,
+and the memory, which compares rounds: flat when no later round's peak is more than
+``--tolerance`` above the first round's. Every round runs the same properties with the
+same example counts, so their peaks are comparable; memory that one process keeps from one
+round to the next cannot hide in a fresh process, but memory kept from one property to the
+next within a round shows in every round's peak.
+
+Memory is not constant within a property: Hypothesis keeps the data of up to 10,000
+examples per test (its ``ConjectureRunner`` cache, ``stats_per_test_case``, its tree of the
+choices made so far), 40-50 KiB an example here, released when the test ends. Fewer
+examples per property keep that cache small. A failure's shrinking runs more examples of
+the same test: the profiles leave out Hypothesis's ``explain`` phase, which would trace
+each of them (see ``tests/properties/__init__.py``), and a failing example's exception no
+longer holds its run (``drop_frames`` in ``tests/properties/invariants.py``).
 
 Examples are counted by this same file loaded into pytest as a plugin (``-p
-soak_properties``): it wraps each Hypothesis test's ``hypothesis.inner_test`` and writes
-the running count to a file the sampler reads. Stdlib only.
+soak_properties``): it wraps each Hypothesis test's ``hypothesis.inner_test``, writes the
+running count to a file the sampler reads, and logs each test collected, started and
+ended to another. Stdlib only.
 
 Usage::
 
-    python scripts/soak_properties.py --minutes 30
-    python scripts/soak_properties.py --minutes 10 --interval 30 --seed 7
+    python scripts/soak_properties.py --minutes 60
+    python scripts/soak_properties.py --minutes 15 --interval 15 --seed 7 --scale 2
 
-Exit status: 0 when the tests passed (or were still passing at the deadline) and memory
-stayed flat, 1 when a test failed, 2 when memory grew beyond the tolerance.
+Exit status: 0 when every round passed (or was still passing at the deadline), memory
+stayed flat and every property was reached; 1 when a test failed; 2 when memory grew beyond
+the tolerance; 3 when some property was never reached (the soak was too short).
 """
 
 from __future__ import annotations
@@ -62,26 +74,32 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = "tests/test_properties.py"
 PLUGIN = "soak_properties"
 COUNTER_ENV = "SOAK_PROPERTIES_COUNTER"
+TESTS_ENV = "SOAK_PROPERTIES_TESTS"
+# The variable tests/properties/__init__.py reads to scale the soak profile's examples.
+SCALE_ENV = "HYPOTHESIS_SOAK_SCALE"
 # How often (at most) the plugin rewrites the counter file.
 COUNTER_EVERY = 0.5
 # How long pytest gets to end after SIGINT, then after SIGTERM.
 STOP_WAIT = 30.0
 LOG_TAIL_LINES = 30
+# pytest's exit status when every test passed.
+PASSED = 0
 
 
-# -- the pytest side: count examples ------------------------------------------------------
+# -- the pytest side: count examples, log the tests ----------------------------------------
 
 
 class _Counter:
     def __init__(self, path: str) -> None:
         self.path = path
         self.count = 0
+        self.per_test: dict[str, int] = {}
         self.test = "-"
         self.written = 0.0
 
-    def bump(self, test: str) -> None:
+    def bump(self) -> None:
         self.count += 1
-        self.test = test
+        self.per_test[self.test] = self.per_test.get(self.test, 0) + 1
         now = time.monotonic()
         if now - self.written >= COUNTER_EVERY:
             self.write(now)
@@ -94,28 +112,62 @@ class _Counter:
         os.replace(tmp, self.path)
 
 
-def _counting(inner: Callable[..., Any], test: str, counter: _Counter) -> Callable[..., Any]:
+_counter: _Counter | None = None
+
+
+def _log_test(event: str, name: str, extra: str = "") -> None:
+    path = os.environ.get(TESTS_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{event} {name} {extra}".rstrip() + "\n")
+
+
+def _counting(inner: Callable[..., Any], counter: _Counter) -> Callable[..., Any]:
     def run_one(*args: Any, **kwargs: Any) -> Any:
         try:
             return inner(*args, **kwargs)
         finally:
-            counter.bump(test)
+            counter.bump()
 
     return run_one
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Plugin hook: wrap each Hypothesis test's inner test to count its examples."""
+    global _counter
     path = os.environ.get(COUNTER_ENV)
     if not path:
         return
-    counter = _Counter(path)
+    _counter = _Counter(path)
     for item in items:
         hyp = getattr(getattr(item, "obj", None), "hypothesis", None)
         if hyp is not None and not getattr(hyp.inner_test, "_soak_counted", False):
-            wrapped = _counting(hyp.inner_test, item.name, counter)
+            wrapped = _counting(hyp.inner_test, _counter)
             wrapped._soak_counted = True  # type: ignore[attr-defined]
             hyp.inner_test = wrapped
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Plugin hook: log every test the round will run (after ``-k`` and the like)."""
+    for item in session.items:
+        _log_test("collected", item.name)
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """Plugin hook: a test started (so it was reached, even if the deadline cuts it); its
+    examples are counted under its name (parametrized tests share one inner test)."""
+    if _counter is not None:
+        _counter.test = nodeid.rpartition("::")[2]
+    _log_test("started", nodeid.rpartition("::")[2])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Plugin hook: a test's call ended; log its outcome and its examples."""
+    if report.when != "call":
+        return
+    name = report.nodeid.rpartition("::")[2]
+    examples = _counter.per_test.get(name, 0) if _counter is not None else 0
+    _log_test("ended", name, f"{report.outcome} {examples}")
 
 
 # -- the sampler ---------------------------------------------------------------------------
@@ -127,6 +179,23 @@ class Sample:
     rss_mib: float
     examples: int | None
     test: str
+
+
+@dataclasses.dataclass
+class Round:
+    number: int
+    seed: int
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+    collected: list[str] = dataclasses.field(default_factory=list)
+    started: list[str] = dataclasses.field(default_factory=list)
+    # test name: (outcome, examples)
+    ended: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    returncode: int | None = None
+    cut: bool = False
+
+    @property
+    def peak(self) -> float | None:
+        return max((s.rss_mib for s in self.samples), default=None)
 
 
 def rss_mib(pid: int) -> float | None:
@@ -147,6 +216,24 @@ def read_counter(path: Path) -> tuple[int | None, str]:
         return int(count), test or "-"
     except (OSError, ValueError):
         return None, "-"
+
+
+def read_tests(path: Path, into: Round) -> None:
+    """Fill *into* from the plugin's log of the tests collected, started and ended."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        event, _, rest = line.partition(" ")
+        name, _, extra = rest.partition(" ")
+        if event == "collected":
+            into.collected.append(name)
+        elif event == "started":
+            into.started.append(name)
+        elif event == "ended":
+            outcome, _, examples = extra.partition(" ")
+            into.ended[name] = (outcome, int(examples or 0))
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -175,37 +262,62 @@ def slope_per_minute(samples: list[Sample]) -> float:
     return cov / var * 60
 
 
-def verdict(samples: list[Sample], tolerance: float) -> tuple[bool, list[str]]:
-    """Flat: the peak while later properties run stays within *tolerance* (a fraction) of
-    the peak while the first one runs (see the module docstring)."""
-    first, last = samples[0], samples[-1]
+def round_summary(one: Round) -> list[str]:
+    """The lines printed after a round: its seed, end, RSS and the tests it reached."""
+    how = "cut at the deadline" if one.cut else f"pytest status {one.returncode}"
+    reached = [name for name in one.collected if name in one.started]
+    lines = [f"round {one.number} (seed {one.seed}, {how}): reached {len(reached)} of "]
+    lines[0] += f"{len(one.collected)} tests"
+    if one.samples:
+        first, last = one.samples[0], one.samples[-1]
+        lines[0] += (
+            f"; RSS start {first.rss_mib:.0f} MiB, peak {one.peak:.0f} MiB, "
+            f"end {last.rss_mib:.0f} MiB"
+        )
+    for name in reached:
+        outcome, examples = one.ended.get(name, ("running", 0))
+        if one.cut and name == reached[-1]:
+            # pytest reports the test SIGINT interrupted as failed.
+            outcome = "interrupted at the deadline"
+        count = f", {examples} examples" if examples else ""
+        lines.append(f"  {name}: {outcome}{count}")
+    return lines
+
+
+def verdict(rounds: list[Round], tolerance: float) -> tuple[bool, list[str]]:
+    """Flat: no later round's peak RSS is more than *tolerance* (a fraction) above the first
+    round's (see the module docstring)."""
+    measured = [r for r in rounds if r.peak is not None]
+    samples = [s for r in measured for s in r.samples]
+    if not samples:
+        return True, ["no sample taken"]
     rss = [s.rss_mib for s in samples]
     lines = [
-        f"start {first.rss_mib:.0f} MiB, end {last.rss_mib:.0f} MiB, "
-        f"min {min(rss):.0f} MiB, max {max(rss):.0f} MiB, "
-        f"slope {slope_per_minute(samples):+.1f} MiB/min over {last.elapsed / 60:.1f} min",
+        f"{len(rounds)} rounds, {sum(n for r in rounds for _, n in r.ended.values())} examples; "
+        f"RSS min {min(rss):.0f} MiB, max {max(rss):.0f} MiB",
+        "peak RSS per round: "
+        + ", ".join(f"{r.number}: {r.peak:.0f}" for r in measured if r.peak is not None),
     ]
-    if last.examples is not None:
-        lines.append(f"{last.examples} examples")
-    first_test = next((s.test for s in samples if s.test != "-"), "-")
-    early = [s.rss_mib for s in samples if s.test in (first_test, "-")]
-    late = [s.rss_mib for s in samples if s.test not in (first_test, "-")]
-    if not late:
-        lines.append(
-            f"INCONCLUSIVE: only {first_test} ran (within a property Hypothesis's own data "
-            "grows until the test ends); run longer to reach the next property"
-        )
+    if len(measured) < 2:
+        lines.append("INCONCLUSIVE: one round only; run longer to compare rounds")
         return True, lines
-    flat = max(late) <= max(early) * (1 + tolerance)
+    base = measured[0].peak or 0.0
+    later = max(r.peak or 0.0 for r in measured[1:])
+    flat = later <= base * (1 + tolerance)
     lines.append(
-        f"peak during {first_test} {max(early):.0f} MiB, during the later properties "
-        f"{max(late):.0f} MiB: "
-        + ("FLAT" if flat else f"GROWING (more than {tolerance:.0%} above the first)")
+        f"peak of round {measured[0].number} {base:.0f} MiB, of the later rounds {later:.0f} "
+        "MiB: " + ("FLAT" if flat else f"GROWING (more than {tolerance:.0%} above the first)")
     )
     return flat, lines
 
 
-def row(sample: Sample, previous: Sample | None) -> str:
+def never_reached(rounds: list[Round]) -> list[str]:
+    collected = next((r.collected for r in rounds if r.collected), [])
+    started = {name for r in rounds for name in r.started}
+    return [name for name in collected if name not in started]
+
+
+def row(one: Round, sample: Sample, previous: Sample | None) -> str:
     minutes, seconds = divmod(int(sample.elapsed), 60)
     examples = "-" if sample.examples is None else str(sample.examples)
     rate = "-"
@@ -214,15 +326,75 @@ def row(sample: Sample, previous: Sample | None) -> str:
         if span > 0:
             rate = f"{(sample.examples - previous.examples) / span:.1f}"
     return (
-        f"{minutes:4d}:{seconds:02d} {sample.rss_mib:9.1f} {examples:>9} {rate:>7}  {sample.test}"
+        f"{minutes:4d}:{seconds:02d} {one.number:>5} {sample.rss_mib:9.1f} {examples:>9} "
+        f"{rate:>7}  {sample.test}"
     )
+
+
+def round_seeds(first: int | None) -> Callable[[], int]:
+    """The seeds of the rounds: *first* (random when None), then drawn from it."""
+    draw = random.Random(first) if first is not None else random.SystemRandom()
+    pending = [first] if first is not None else []
+
+    def next_seed() -> int:
+        return pending.pop() if pending else draw.randrange(2**32)
+
+    return next_seed
+
+
+def run_round(
+    one: Round,
+    command: list[str],
+    env: dict[str, str],
+    tmp: Path,
+    log_path: Path,
+    deadline: float,
+    started: float,
+    interval: float,
+) -> None:
+    """Run one round until pytest ends or the deadline, sampling its RSS."""
+    counter = tmp / f"examples-{one.number}"
+    tests = tmp / f"tests-{one.number}"
+    env = {**env, COUNTER_ENV: str(counter), TESTS_ENV: str(tests)}
+    with open(log_path, "ab") as log:
+        log.write(f"\n==== round {one.number}, seed {one.seed} ====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            [*command, f"--hypothesis-seed={one.seed}"], cwd=REPO, env=env, stdout=log, stderr=log
+        )
+        try:
+            # The first sample after one interval: at once, pytest has not even started.
+            while proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    proc.wait(max(0.0, min(interval, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
+                rss = rss_mib(proc.pid) if proc.poll() is None else None
+                if rss is not None:
+                    examples, test = read_counter(counter)
+                    sample = Sample(time.monotonic() - started, rss, examples, test)
+                    print(row(one, sample, one.samples[-1] if one.samples else None), flush=True)
+                    one.samples.append(sample)
+        finally:
+            one.cut = proc.poll() is None
+            stop(proc)
+    one.returncode = proc.returncode
+    read_tests(tests, one)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--minutes", type=float, default=30.0, help="how long (default 30)")
-    parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
-    parser.add_argument("--seed", type=int, default=None, help="--hypothesis-seed (random)")
+    parser.add_argument("--minutes", type=float, default=60.0, help="how long (default 60)")
+    parser.add_argument("--interval", type=float, default=15.0, help="seconds between samples")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the first round's --hypothesis-seed (random)"
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="examples per property in a round, as a multiple of its CI count (default 1)",
+    )
     parser.add_argument(
         "--tolerance", type=float, default=0.25, help="allowed growth of the peak (0.25 = 25%%)"
     )
@@ -231,11 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    if not args.scale > 0:
+        parser.error(f"--scale {args.scale}: expected a number above 0")
+    next_seed = round_seeds(args.seed)
 
-    with tempfile.TemporaryDirectory(prefix="soak-properties-") as tmp:
-        counter = Path(tmp) / "examples"
-        log_path: Path = args.log if args.log is not None else Path(tmp) / "pytest.log"
+    rounds: list[Round] = []
+    with tempfile.TemporaryDirectory(prefix="soak-properties-") as tmp_name:
+        tmp = Path(tmp_name)
+        log_path: Path = args.log if args.log is not None else tmp / "pytest.log"
+        log_path.write_bytes(b"")
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
         path = [str(REPO), str(Path(__file__).resolve().parent)]
         if env.get("PYTHONPATH"):
@@ -243,55 +419,51 @@ def main(argv: list[str] | None = None) -> int:
         env.update(
             HYPOTHESIS_PROFILE="soak",
             PYTHONPATH=os.pathsep.join(path),
-            **{COUNTER_ENV: str(counter)},
+            **{SCALE_ENV: f"{args.scale:g}"},
         )
         command = [sys.executable, "-m", "pytest", SUITE, "-p", "no:cacheprovider", "-x"]
-        command += ["-q", "-rf", "-p", PLUGIN, f"--hypothesis-seed={seed}", *args.pytest_args]
-        print(f"soak: seed {seed}, {args.minutes:g} min, a sample every {args.interval:g} s")
-        print(f"soak: {' '.join(command)}  (output in {log_path})")
-        print(f"{'time':>7} {'RSS MiB':>9} {'examples':>9} {'ex/s':>7}  property", flush=True)
-        samples: list[Sample] = []
+        command += ["-q", "-rf", "-p", PLUGIN, *args.pytest_args]
+        print(
+            f"soak: {args.minutes:g} min in rounds of {args.scale:g}x each property's "
+            f"examples, a sample every {args.interval:g} s"
+        )
+        print(f"soak: {SCALE_ENV}={args.scale:g} HYPOTHESIS_PROFILE=soak {' '.join(command)}")
+        print(f"soak: output in {log_path}")
+        print(f"{'time':>7} {'round':>5} {'RSS MiB':>9} {'examples':>9} {'ex/s':>7}  property")
         started = time.monotonic()
         deadline = started + args.minutes * 60
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
-            try:
-                # The first sample after one interval: at once, pytest has not even started.
-                while proc.poll() is None and time.monotonic() < deadline:
-                    try:
-                        proc.wait(min(args.interval, deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        pass
-                    rss = rss_mib(proc.pid) if proc.poll() is None else None
-                    if rss is not None:
-                        examples, test = read_counter(counter)
-                        sample = Sample(time.monotonic() - started, rss, examples, test)
-                        print(row(sample, samples[-1] if samples else None), flush=True)
-                        samples.append(sample)
-            finally:
-                ended_early = proc.poll() is not None
-                stop(proc)
-        returncode = proc.returncode
+        failed: Round | None = None
+        while time.monotonic() < deadline:
+            one = Round(len(rounds) + 1, next_seed())
+            rounds.append(one)
+            print(f"soak: round {one.number}, seed {one.seed}", flush=True)
+            run_round(one, command, env, tmp, log_path, deadline, started, args.interval)
+            for line in round_summary(one):
+                print(f"soak: {line}", flush=True)
+            if not one.cut and one.returncode != PASSED:
+                failed = one
+                break
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
 
     print()
-    failed = ended_early and returncode != 0
-    if ended_early:
-        print(f"soak: pytest ended by itself (status {returncode}) before the deadline")
-    else:
-        print("soak: deadline reached, pytest interrupted")
-    if failed:
+    if failed is not None:
+        print(f"soak: round {failed.number} FAILED (seed {failed.seed}):")
         print("\n".join(tail[-LOG_TAIL_LINES:]))
-    if not samples:
-        print("soak: no sample taken")
-        return 1
-    flat, lines = verdict(samples, args.tolerance)
+    else:
+        print("soak: deadline reached" + (", last round interrupted" if rounds[-1].cut else ""))
+    flat, lines = verdict(rounds, args.tolerance)
+    missing = never_reached(rounds)
+    lines.append(
+        f"NOT REACHED: {', '.join(missing)}" if missing else "every test reached at least once"
+    )
+    lines.append("seeds: " + ", ".join(f"{r.number}: {r.seed}" for r in rounds))
     for line in lines:
         print(f"soak: {line}")
-    print(f"soak: seed {seed}")
-    if failed:
+    if failed is not None:
         return 1
-    return 0 if flat else 2
+    if not flat:
+        return 2
+    return 3 if missing else 0
 
 
 if __name__ == "__main__":

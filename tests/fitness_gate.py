@@ -38,8 +38,10 @@ def empty_registry_fixture() -> Iterator[list[Callable[[], Any]]]:
         registry._registered[:] = saved
 
 
-@pytest.fixture(name="platform")
-async def platform_fixture() -> AsyncIterator[tuple[FakePlatform, Any]]:
+@pytest.fixture(name="memory_platform")
+async def memory_platform_fixture() -> AsyncIterator[tuple[FakePlatform, Any]]:
+    """A fake platform and the opener of in-memory streams to it (no sockets), unlike the
+    ``platform`` fixture of tests/conftest.py, which serves one over loopback."""
     fake = FakePlatform()
     async with memory_network(fake) as opener:
         yield fake, opener

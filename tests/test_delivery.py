@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import trio
@@ -24,11 +23,11 @@ import trio.testing
 import trio_worker
 import trio_worker.testing
 from trio_worker import Timings
-from trio_worker._options import AsyncBackend
 from trio_worker.testing import FakePlatform, Fault, JobRecord
 from trio_worker.testing._memory import memory_network
 
 from .backends import BOTH_BACKENDS, sleep_for
+from .conftest import serve_in_process
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,15 +62,11 @@ async def running(
     """A worker on *backend* serving *platform* over memory streams (the handler: an echo
     in *backend*'s code); shut down when the block ends."""
     async with memory_network(platform) as opener, trio.open_nursery() as nursery:
-        serve = functools.partial(
-            trio_worker.testing.serve,
+        serve = serve_in_process(
+            platform,
             echo_on(backend) if handler is None else handler,
-            async_backend=cast("AsyncBackend", backend),
-            environ=platform.worker_env("http://platform", ping_interval_ms=1000),
+            backend=backend,
             open_stream=opener if network is None else network(opener),
-            heartbeat="task",
-            handle_signals=False,
-            capture_logs="off",
             timings=timings or Timings(),
             **options,
         )

@@ -37,7 +37,7 @@ from .fitness_gate import (
     ENV,
     empty_registry_fixture,  # noqa: F401 (a fixture)
     gate,
-    platform_fixture,  # noqa: F401 (a fixture)
+    memory_platform_fixture,  # noqa: F401 (a fixture)
     settings,
     unhealthy,
 )
@@ -79,7 +79,7 @@ def test_decorator_refuses_what_cannot_be_called() -> None:
 
 @BOTH_BACKENDS
 async def test_sync_and_async_checks_run_in_order_on_the_backend(
-    backend: str, platform: tuple[FakePlatform, Any]
+    backend: str, memory_platform: tuple[FakePlatform, Any]
 ) -> None:
     # Real time: a thread's work is invisible to an autojumping clock.
     ran: list[str] = []
@@ -94,14 +94,14 @@ async def test_sync_and_async_checks_run_in_order_on_the_backend(
             await asyncio.sleep(0)  # asyncio code, as a check written for runpod is
         ran.append(f"async on {sniffio.current_async_library()}")
 
-    await gate(platform, backend=backend)
+    await gate(memory_platform, backend=backend)
     assert ran == ["sync in trio_worker fitness check sync_check", f"async on {backend}"]
-    assert unhealthy(platform[0]) == []
+    assert unhealthy(memory_platform[0]) == []
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 async def test_a_failing_check_is_pinged_as_unhealthy_and_stops_the_rest(
-    kind: str, platform: tuple[FakePlatform, Any], caplog: pytest.LogCaptureFixture
+    kind: str, memory_platform: tuple[FakePlatform, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     later: list[str] = []
 
@@ -115,11 +115,11 @@ async def test_a_failing_check_is_pinged_as_unhealthy_and_stops_the_rest(
     trio_worker.register_fitness_check(sync_fail if kind == "sync" else async_fail)
     trio_worker.register_fitness_check(lambda: later.append("ran"))
     with pytest.raises(FitnessCheckFailed) as failed:
-        await gate(platform)
+        await gate(memory_platform)
     name = f"{kind}_fail"
     assert failed.value.check == name
     assert later == []
-    (query,) = unhealthy(platform[0])
+    (query,) = unhealthy(memory_platform[0])
     assert query["check"] == name
     assert query["reason"] == "RuntimeError: GPU not available"
     assert "job_id" not in query
@@ -127,7 +127,7 @@ async def test_a_failing_check_is_pinged_as_unhealthy_and_stops_the_rest(
 
 
 async def test_the_reason_is_redacted_then_clipped_to_256_characters(
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
 ) -> None:
     secret = "s3cr3t-value-of-the-token"
 
@@ -136,8 +136,8 @@ async def test_the_reason_is_redacted_then_clipped_to_256_characters(
         raise ValueError(f"cannot log in with {secret} " + "x" * 600)
 
     with pytest.raises(FitnessCheckFailed):
-        await gate(platform, {"HF_TOKEN": secret})
-    (query,) = unhealthy(platform[0])
+        await gate(memory_platform, {"HF_TOKEN": secret})
+    (query,) = unhealthy(memory_platform[0])
     assert secret not in query["reason"]
     assert query["reason"].startswith("ValueError: cannot log in with [REDACTED] xxx")
     assert len(query["reason"]) == 256
@@ -156,7 +156,7 @@ async def test_the_ping_keeps_the_templates_query_and_the_worker_id() -> None:
 
 
 async def test_a_hanging_sync_check_fails_after_its_bound_and_its_thread_is_left(
-    platform: tuple[FakePlatform, Any], virtual_clock: trio.abc.Clock
+    memory_platform: tuple[FakePlatform, Any], virtual_clock: trio.abc.Clock
 ) -> None:
     release = threading.Event()
 
@@ -167,18 +167,18 @@ async def test_a_hanging_sync_check_fails_after_its_bound_and_its_thread_is_left
     try:
         started = trio.current_time()
         with pytest.raises(FitnessCheckFailed) as failed:
-            await gate(platform, fitness_check_timeout=30.0)
+            await gate(memory_platform, fitness_check_timeout=30.0)
         assert trio.current_time() - started == pytest.approx(30.0, abs=2.5)
     finally:
         release.set()
     assert failed.value.reason == "FitnessCheckTimeout: did not finish within 30s"
-    (query,) = unhealthy(platform[0])
+    (query,) = unhealthy(memory_platform[0])
     assert query["check"] == "stuck_driver"
 
 
 @BOTH_BACKENDS
 async def test_a_hanging_async_check_fails_after_its_bound(
-    backend: str, platform: tuple[FakePlatform, Any], virtual_clock: trio.abc.Clock
+    backend: str, memory_platform: tuple[FakePlatform, Any], virtual_clock: trio.abc.Clock
 ) -> None:
     @trio_worker.register_fitness_check
     async def never() -> None:
@@ -187,12 +187,12 @@ async def test_a_hanging_async_check_fails_after_its_bound(
         await trio.sleep_forever()
 
     with pytest.raises(FitnessCheckFailed) as failed:
-        await gate(platform, backend=backend, fitness_check_timeout=7.0)
+        await gate(memory_platform, backend=backend, fitness_check_timeout=7.0)
     assert failed.value.reason == "FitnessCheckTimeout: did not finish within 7s"
 
 
 async def test_a_timeout_the_check_raises_itself_is_its_own_failure(
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
 ) -> None:
     # Real time: on trio an async check has a run (and a clock) of its own.
     @trio_worker.register_fitness_check
@@ -201,26 +201,26 @@ async def test_a_timeout_the_check_raises_itself_is_its_own_failure(
             await trio.sleep_forever()
 
     with pytest.raises(FitnessCheckFailed) as failed:
-        await gate(platform)
+        await gate(memory_platform)
     assert failed.value.reason.startswith("TooSlowError")
 
 
 async def test_asyncio_code_on_trio_is_a_configuration_error_not_an_unhealthy_host(
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
 ) -> None:
     @trio_worker.register_fitness_check
     async def written_for_runpod() -> None:
         await asyncio.sleep(0)
 
     with pytest.raises(ConfigurationError, match=r'async_backend="asyncio"'):
-        await gate(platform, backend="trio")
-    assert platform[0].requests == []
+        await gate(memory_platform, backend="trio")
+    assert memory_platform[0].requests == []
 
 
 async def test_the_ping_cannot_delay_the_exit_more_than_two_seconds(
-    platform: tuple[FakePlatform, Any], virtual_clock: trio.abc.Clock
+    memory_platform: tuple[FakePlatform, Any], virtual_clock: trio.abc.Clock
 ) -> None:
-    fake, _ = platform
+    fake, _ = memory_platform
     fake.inject(Fault("ping", delay=600.0))
     # A built-in check fails on the worker's own run, where virtual time holds (a user's
     # check runs in a thread, or on trio in a run of its own, both on the real clock).
@@ -228,27 +228,27 @@ async def test_the_ping_cannot_delay_the_exit_more_than_two_seconds(
 
     started = trio.current_time()
     with pytest.raises(FitnessCheckFailed, match="_memory_check"):
-        await gate(platform, too_little_memory)
+        await gate(memory_platform, too_little_memory)
     assert trio.current_time() - started <= 2.5
     assert [r.route for r in fake.requests] == ["ping"]
 
 
-async def test_no_ping_without_a_ping_url(platform: tuple[FakePlatform, Any]) -> None:
+async def test_no_ping_without_a_ping_url(memory_platform: tuple[FakePlatform, Any]) -> None:
     @trio_worker.register_fitness_check
     def broken() -> None:
         raise RuntimeError("no")
 
     env = {k: v for k, v in ENV.items() if k != "RUNPOD_WEBHOOK_PING"}
-    _, opener = platform
+    _, opener = memory_platform
     with pytest.raises(FitnessCheckFailed):
         await check_fitness(settings(env), BACKENDS["trio"], env, open_stream=opener)
-    assert platform[0].requests == []
+    assert memory_platform[0].requests == []
 
 
-async def test_passing_checks_send_nothing(platform: tuple[FakePlatform, Any]) -> None:
+async def test_passing_checks_send_nothing(memory_platform: tuple[FakePlatform, Any]) -> None:
     trio_worker.register_fitness_check(lambda: None)
-    await gate(platform)
-    assert platform[0].requests == []
+    await gate(memory_platform)
+    assert memory_platform[0].requests == []
 
 
 # -- runpod's own registry ----------------------------------------------------------------
@@ -269,10 +269,10 @@ def runpod_checks(monkeypatch: pytest.MonkeyPatch) -> list[Callable[[], None]]:
 
 async def test_checks_registered_with_runpod_are_named_in_one_warning(
     runpod_checks: list[Callable[[], None]],
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await gate(platform)
+    await gate(memory_platform)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "runpod's register_fitness_check will not run (check_gpu)" in warnings[0].message
@@ -280,20 +280,20 @@ async def test_checks_registered_with_runpod_are_named_in_one_warning(
 
 async def test_no_warning_when_runpods_registry_is_empty(
     runpod_checks: list[Callable[[], None]],
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     runpod_checks.clear()
-    await gate(platform)
+    await gate(memory_platform)
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]
 
 
 async def test_the_worker_starts_only_once_every_check_passed(
-    platform: tuple[FakePlatform, Any], monkeypatch: pytest.MonkeyPatch
+    memory_platform: tuple[FakePlatform, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[str] = []
     # The gate as start() runs it, with the fake's in-memory network for the ping.
-    _, opener = platform
+    _, opener = memory_platform
     real = gate_module.check_fitness
     monkeypatch.setattr(
         gate_module,

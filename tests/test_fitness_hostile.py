@@ -30,7 +30,7 @@ from .backends import BOTH_BACKENDS
 from .fitness_gate import (
     empty_registry_fixture,  # noqa: F401 (a fixture)
     gate,
-    platform_fixture,  # noqa: F401 (a fixture)
+    memory_platform_fixture,  # noqa: F401 (a fixture)
     unhealthy,
 )
 
@@ -75,7 +75,7 @@ def alive(pid: int) -> bool:
 @BOTH_BACKENDS
 async def test_an_async_check_that_swallows_cancellation_is_left_a_second_after_its_bound(
     backend: str,
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
     virtual_clock: trio.abc.Clock,
     released: threading.Event,
 ) -> None:
@@ -92,15 +92,17 @@ async def test_an_async_check_that_swallows_cancellation_is_left_a_second_after_
 
     begun = trio.current_time()
     with trio.fail_after(60), pytest.raises(FitnessCheckFailed) as failed:
-        await gate(platform, backend=backend, fitness_check_timeout=4.5)
+        await gate(memory_platform, backend=backend, fitness_check_timeout=4.5)
     assert trio.current_time() - begun == pytest.approx(5.5, abs=0.1)  # bound + 1 s
     assert failed.value.reason == "FitnessCheckTimeout: did not finish within 4.5s"
-    (query,) = unhealthy(platform[0])
+    (query,) = unhealthy(memory_platform[0])
     assert query["check"] == "stubborn"
     released.set()  # before the test's loop closes, which would wait for it a while
 
 
-async def test_on_trio_an_async_check_still_sees_trio(platform: tuple[FakePlatform, Any]) -> None:
+async def test_on_trio_an_async_check_still_sees_trio(
+    memory_platform: tuple[FakePlatform, Any],
+) -> None:
     # Its run is its own, but trio's: trio code, threads and timeouts work as in a task.
     seen: list[object] = []
 
@@ -111,10 +113,10 @@ async def test_on_trio_an_async_check_still_sees_trio(platform: tuple[FakePlatfo
             await trio.sleep_forever()
         seen.append(trio.lowlevel.current_trio_token())
 
-    await gate(platform)
+    await gate(memory_platform)
     assert seen[0] == "thread ok"
     assert isinstance(seen[1], trio.lowlevel.TrioToken)
-    assert unhealthy(platform[0]) == []
+    assert unhealthy(memory_platform[0]) == []
 
 
 # -- whatever a check raises -------------------------------------------------------------
@@ -135,7 +137,7 @@ class HostIsBroken(BaseException):
     ids=["custom", "SystemExit", "GeneratorExit"],
 )
 async def test_a_base_exception_of_a_check_is_its_failure_with_the_unhealthy_ping(
-    kind: str, raised: BaseException, reason: str, platform: tuple[FakePlatform, Any]
+    kind: str, raised: BaseException, reason: str, memory_platform: tuple[FakePlatform, Any]
 ) -> None:
     # It crashed the worker with no unhealthy ping.
     def sync_check() -> None:
@@ -148,9 +150,9 @@ async def test_a_base_exception_of_a_check_is_its_failure_with_the_unhealthy_pin
     check.__name__ = "host_check"
     trio_worker.register_fitness_check(check)
     with pytest.raises(FitnessCheckFailed) as failed:
-        await gate(platform)
+        await gate(memory_platform)
     assert failed.value.reason == reason
-    (query,) = unhealthy(platform[0])
+    (query,) = unhealthy(memory_platform[0])
     assert (query["check"], query["reason"]) == ("host_check", reason)
 
 
@@ -160,7 +162,7 @@ async def test_a_base_exception_of_a_check_is_its_failure_with_the_unhealthy_pin
 @pytest.mark.parametrize("outcome", ["passes", "fails"])
 async def test_a_process_a_check_started_and_left_is_ended_with_the_check(
     outcome: str,
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
     started: list[subprocess.Popen[bytes]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -175,9 +177,9 @@ async def test_a_process_a_check_started_and_left_is_ended_with_the_check(
 
     if outcome == "fails":
         with pytest.raises(FitnessCheckFailed):
-            await gate(platform)
+            await gate(memory_platform)
     else:
-        await gate(platform)
+        await gate(memory_platform)
     [process] = started
     assert not alive(process.pid)
     assert process.pid not in descendants()
@@ -210,7 +212,7 @@ async def test_a_check_cancelled_from_outside_still_has_its_processes_ended(
 
 
 async def test_processes_that_were_there_before_the_check_are_left_alone(
-    platform: tuple[FakePlatform, Any], started: list[subprocess.Popen[bytes]]
+    memory_platform: tuple[FakePlatform, Any], started: list[subprocess.Popen[bytes]]
 ) -> None:
     # The application's own, started at import.
     started.append(subprocess.Popen(SLEEPER))  # noqa: ASYNC220 - before the run matters
@@ -219,12 +221,12 @@ async def test_processes_that_were_there_before_the_check_are_left_alone(
     def passes() -> None:
         pass
 
-    await gate(platform)
+    await gate(memory_platform)
     assert alive(started[0].pid)
 
 
 async def test_the_descendants_of_a_checks_process_are_ended_too(
-    platform: tuple[FakePlatform, Any], started: list[subprocess.Popen[bytes]], tmp_path: Any
+    memory_platform: tuple[FakePlatform, Any], started: list[subprocess.Popen[bytes]], tmp_path: Any
 ) -> None:
     pid_file = tmp_path / "grandchild"
     script = (
@@ -240,7 +242,7 @@ async def test_the_descendants_of_a_checks_process_are_ended_too(
         while not pid_file.exists() or not pid_file.read_text():
             threading.Event().wait(0.005)
 
-    await gate(platform)
+    await gate(memory_platform)
     grandchild = int(pid_file.read_text())
     try:
         assert not alive(started[0].pid)
@@ -254,7 +256,7 @@ async def test_the_descendants_of_a_checks_process_are_ended_too(
 
 
 async def test_a_checks_message_cannot_write_lines_of_its_own_into_the_log(
-    platform: tuple[FakePlatform, Any], caplog: pytest.LogCaptureFixture
+    memory_platform: tuple[FakePlatform, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="trio_worker")
     forged = "2026-01-01 00:00:00,000 INFO trio_worker: fitness checks passed in 1.0 ms: all"
@@ -265,7 +267,7 @@ async def test_a_checks_message_cannot_write_lines_of_its_own_into_the_log(
     check.__name__ = "disk\nprobe"
     trio_worker.register_fitness_check(check)
     with pytest.raises(FitnessCheckFailed):
-        await gate(platform)
+        await gate(memory_platform)
     [line] = [r.getMessage() for r in caplog.records if "failed:" in r.getMessage()]
     assert line == (
         f"fitness check disk\\nprobe failed: RuntimeError: disk ok\\n{forged}\\r\\x1b[2K\\u2028done"

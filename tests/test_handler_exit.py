@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import trio
@@ -18,10 +18,10 @@ import trio.testing
 
 import trio_worker
 import trio_worker.testing
-from trio_worker._options import AsyncBackend
 from trio_worker.testing import FakePlatform
 
 from .backends import ASYNCIO_ONLY, BOTH_BACKENDS, sleep_for
+from .conftest import serve_in_process
 
 
 def serve(
@@ -33,17 +33,7 @@ def serve(
     **kwargs: Any,
 ) -> functools.partial[Any]:
     kwargs.setdefault("timings", trio_worker.Timings(shutdown_grace=2.0, claim_grace=3.0))
-    return functools.partial(
-        trio_worker.testing.serve,
-        handler,
-        async_backend=cast("AsyncBackend", backend),
-        environ={**platform.worker_env("http://platform", worker_id="w1"), **(secrets or {})},
-        app=platform,
-        heartbeat="task",
-        handle_signals=False,
-        capture_logs="off",
-        **kwargs,
-    )
+    return serve_in_process(platform, handler, backend=backend, env=secrets, **kwargs)
 
 
 def error_of(platform: FakePlatform, job_id: str) -> dict[str, Any]:

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-import trio_worker
-import trio_worker.testing
+from tests.conftest import serve_in_process
 from trio_worker._config import Timings
 from trio_worker._pacing import RATE_LIMIT_JITTER, FoldedLog, backoff_delay, rate_limit_wait
 from trio_worker.testing import FakePlatform, Fault
@@ -34,17 +33,7 @@ async def _requests_in_a_minute(
     """How many *route* requests the worker makes in virtual *minutes* under *fault*."""
     platform = FakePlatform(take_hold=5.0, stop_hold=5.0)
     platform.inject(fault)
-    await nursery.start(
-        lambda task_status: trio_worker.testing.serve(
-            _echo,
-            environ=platform.worker_env("http://platform"),
-            app=platform,
-            heartbeat="task",
-            handle_signals=False,
-            capture_logs="off",
-            task_status=task_status,
-        )
-    )
+    await nursery.start(serve_in_process(platform, _echo))
     # A hot loop makes its 500 requests without ever letting virtual time pass.
     with trio.move_on_after(MINUTE * minutes):
         await platform.wait_for_requests(route, 500)

@@ -42,8 +42,8 @@ from .properties.scenario import (
 )
 from .properties.strategies import concurrencies, init_plans, quarters, scenarios
 
-# A hang guard for CI's default profile; a soak (40x the examples, scripts/soak_properties.py)
-# is bounded by its own --minutes instead, so one long property is not cut short.
+# A hang guard for CI's default profile; the soak profile (scripts/soak_properties.py) is
+# bounded by the soak's own --minutes instead, so one long property is not cut short.
 pytestmark = pytest.mark.timeout(600 if PROFILE_NAME == "default" else 0)
 
 scratch_check()

@@ -25,7 +25,8 @@ from trio_worker.testing import FakePlatform
 from trio_worker.testing._memory import memory_network
 
 from .backends import BOTH_BACKENDS, sleep_for
-from .test_supervisor import Harness
+from .conftest import serve_in_process
+from .supervisor_harness import Harness
 
 
 class Peak:
@@ -240,16 +241,8 @@ async def test_10000_jobs_at_concurrency_4_over_the_lean_client_never_exceed_4_t
 
         async def run(task_status: trio.TaskStatus[trio_worker.WorkerHandle]) -> None:
             try:
-                await trio_worker.testing.serve(
-                    handler,
-                    concurrency=4,
-                    environ=platform.worker_env("http://platform", ping_interval_ms=1000),
-                    open_stream=opener,
-                    heartbeat="task",
-                    handle_signals=False,
-                    capture_logs="off",
-                    task_status=task_status,
-                )
+                serve = serve_in_process(platform, handler, concurrency=4, open_stream=opener)
+                await serve(task_status=task_status)
             finally:
                 finished.set()
 

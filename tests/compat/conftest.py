@@ -18,9 +18,8 @@ from typing import Protocol
 import pytest
 import trio
 
-from trio_worker.testing import FakePlatform, run_platform_server
-
-from ..integration.conftest import REPO, Platform, WorkerProcess, kill_all, open_worker
+from ..conftest import Platform
+from ..integration.conftest import REPO, WorkerProcess, kill_all, open_worker
 
 __all__ = ["HANDLERS", "REPO", "Platform", "Spawn", "WorkerProcess"]
 
@@ -33,10 +32,9 @@ if importlib.util.find_spec("runpod") is None:
 
 
 @pytest.fixture
-async def platform() -> AsyncIterator[Platform]:
-    fake = FakePlatform(take_hold=1.0, stop_hold=1.0)
-    async with run_platform_server(fake) as url:
-        yield Platform(fake, url, ping_interval_ms=100)
+def ping_interval_ms() -> int:
+    """The compatibility tests ask the worker for a 100 ms heartbeat (the default is 200)."""
+    return 100
 
 
 class Spawn(Protocol):

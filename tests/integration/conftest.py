@@ -1,4 +1,5 @@
-"""Fixtures for end-to-end tests: the fake platform over loopback, worker processes."""
+"""Fixtures for end-to-end tests: worker processes (the fake platform over loopback is the
+``platform`` fixture of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,25 +15,8 @@ from typing import Protocol
 import pytest
 import trio
 
-from trio_worker.testing import FakePlatform, run_platform_server
-
 WORKER_APP = Path(__file__).with_name("worker_app.py")
 REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class Platform:
-    fake: FakePlatform
-    url: str
-    ping_interval_ms: int = 200
-
-    def env(self, **overrides: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
-        env.update(self.fake.worker_env(self.url, ping_interval_ms=self.ping_interval_ms))
-        # No PYTHONPATH: the worker imports the package as installed, as a user's does.
-        env.pop("PYTHONPATH", None)
-        env.update(overrides)
-        return env
 
 
 @dataclass
@@ -115,13 +99,6 @@ async def _pump(
     finally:
         done.set()
         worker.note_output()
-
-
-@pytest.fixture
-async def platform() -> AsyncIterator[Platform]:
-    fake = FakePlatform(take_hold=1.0, stop_hold=1.0)
-    async with run_platform_server(fake) as url:
-        yield Platform(fake, url)
 
 
 class Spawn(Protocol):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import Platform, Spawn
+from ..conftest import Platform
+from .conftest import Spawn
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ import trio
 
 from trio_worker.testing import Fault
 
-from .conftest import Platform, WorkerProcess, open_worker
+from ..conftest import Platform
+from .conftest import WorkerProcess, open_worker
 
 pytestmark = pytest.mark.slow
 

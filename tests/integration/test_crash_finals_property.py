@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 
 from trio_worker.testing import FakePlatform, Fault, run_platform_server
 
-from .conftest import Platform, kill_all, open_worker
+from ..conftest import Platform
+from .conftest import kill_all, open_worker
 
 APP = Path(__file__).with_name("watched_app.py")
 EXAMPLES = int(os.environ.get("TRIO_WORKER_FINALS_EXAMPLES", "8"))

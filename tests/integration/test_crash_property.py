@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from trio_worker.testing import FakePlatform, run_platform_server
 
-from .conftest import Platform, kill_all, open_worker
+from ..conftest import Platform
+from .conftest import kill_all, open_worker
 from .test_crash import CRASH_APP
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,8 @@ import trio
 
 from trio_worker.testing import FakePlatform, Fault, run_platform_server
 
-from .conftest import REPO, Platform, Spawn
+from ..conftest import Platform
+from .conftest import REPO, Spawn
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,8 @@ import trio
 
 from trio_worker._fitness._gpu import GpuProbe
 
-from .conftest import REPO, Platform, WorkerProcess, kill_all, open_worker
+from ..conftest import Platform
+from .conftest import REPO, WorkerProcess, kill_all, open_worker
 
 pytestmark = pytest.mark.slow
 

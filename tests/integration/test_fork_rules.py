@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import Platform, WorkerProcess, open_worker
+from ..conftest import Platform
+from .conftest import WorkerProcess, open_worker
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import json
 import pytest
 import trio
 
-from .conftest import Platform, Spawn
+from ..conftest import Platform
+from .conftest import Spawn
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import signal
 import pytest
 import trio
 
-from .conftest import Platform, Spawn, WorkerProcess
+from ..conftest import Platform
+from .conftest import Spawn, WorkerProcess
 from .test_queue_worker import inner_error
 
 pytestmark = pytest.mark.slow

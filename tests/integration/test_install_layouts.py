@@ -21,7 +21,8 @@ import trio
 
 from tests.installs import Install, project_copy
 
-from .conftest import Platform, open_worker
+from ..conftest import Platform
+from .conftest import open_worker
 
 pytestmark = pytest.mark.slow
 

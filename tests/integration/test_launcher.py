@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import Platform, WorkerProcess, open_worker
+from ..conftest import Platform
+from .conftest import WorkerProcess, open_worker
 from .test_crash import _can_unshare
 
 pytestmark = pytest.mark.slow

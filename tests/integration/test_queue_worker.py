@@ -11,7 +11,8 @@ import trio
 
 from trio_worker.testing import Fault
 
-from .conftest import Platform, Spawn
+from ..conftest import Platform
+from .conftest import Spawn
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ import trio
 
 from trio_worker.testing import Fault
 
-from .conftest import Platform, Spawn, WorkerProcess
+from ..conftest import Platform
+from .conftest import Spawn, WorkerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from .conftest import Platform, WorkerProcess, kill_all, open_worker
+from ..conftest import Platform
+from .conftest import WorkerProcess, kill_all, open_worker
 
 pytestmark = pytest.mark.slow
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from trio_worker._state import HeldJob
 
-    from .conftest import Platform
+    from ..conftest import Platform
 
 CUDA_LINE = "CUDA error: an illegal memory access was encountered"
 MAX_ERROR_BODY_BYTES = 64 * 1024

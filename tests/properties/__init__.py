@@ -8,7 +8,10 @@ repository. ``tests/test_properties.py`` applies them to its own tests:
   examples per property that the mutation check (``scripts/mutation_check.py``) catches
   every planted bug; ``tests/test_properties.py`` runs in about 100 s on 2 cores.
 * ``soak``: random seeds, 40 times the examples, the example database on, for long
-  exploratory runs.
+  exploratory runs. ``HYPOTHESIS_SOAK_SCALE`` (a number above 0) replaces the 40:
+  ``scripts/soak_properties.py`` runs rounds of the CI counts (or a few times them), a
+  fresh seed each, so that every property is reached early and again
+  (docs/property-suite.md).
 
 Select with ``HYPOTHESIS_PROFILE=soak``. A name this suite does not define falls back to
 ``default`` (so a global ``HYPOTHESIS_PROFILE=ci`` for other suites does not break this one).
@@ -28,12 +31,28 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
-__all__ = ["PROFILES", "PROFILE_NAME", "examples"]
+__all__ = ["PROFILES", "PROFILE_NAME", "SOAK_SCALE_ENV", "examples"]
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 _PHASES = tuple(phase for phase in Phase if phase is not Phase.explain)
 
-PROFILES: dict[str, tuple[settings, int]] = {
+SOAK_SCALE_ENV = "HYPOTHESIS_SOAK_SCALE"
+
+
+def _soak_scale() -> float:
+    raw = os.environ.get(SOAK_SCALE_ENV)
+    if raw is None:
+        return 40
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = 0.0
+    if not scale > 0 or scale == float("inf"):
+        raise ValueError(f"{SOAK_SCALE_ENV}={raw!r}: expected a number above 0, such as 2 or 0.5")
+    return scale
+
+
+PROFILES: dict[str, tuple[settings, float]] = {
     # name: (settings, scale applied to each property's example count)
     "default": (
         settings(
@@ -48,7 +67,7 @@ PROFILES: dict[str, tuple[settings, int]] = {
     ),
     "soak": (
         settings(deadline=None, print_blob=True, suppress_health_check=_HEALTH, phases=_PHASES),
-        40,
+        _soak_scale(),
     ),
 }
 
@@ -57,6 +76,7 @@ PROFILE_NAME = _requested if _requested in PROFILES else "default"
 
 
 def examples(count: int) -> settings:
-    """The settings of one property: *count* examples under ``default``, scaled for soak."""
+    """The settings of one property: *count* examples under ``default``, scaled for soak
+    (at least one)."""
     parent, scale = PROFILES[PROFILE_NAME]
-    return settings(parent, max_examples=count * scale)
+    return settings(parent, max_examples=max(1, round(count * scale)))
