@@ -187,7 +187,7 @@ async def test_a_process_a_check_started_and_left_is_ended_with_the_check(
 
 
 async def test_a_check_cancelled_from_outside_still_has_its_processes_ended(
-    platform: tuple[FakePlatform, Any],
+    memory_platform: tuple[FakePlatform, Any],
     started: list[subprocess.Popen[bytes]],
     released: threading.Event,
 ) -> None:
@@ -203,7 +203,7 @@ async def test_a_check_cancelled_from_outside_still_has_its_processes_ended(
 
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(gate, platform)
+            nursery.start_soon(gate, memory_platform)
             await trio.to_thread.run_sync(sidecar_up.wait, abandon_on_cancel=True)
             scope.cancel()
     assert scope.cancelled_caught
