@@ -24,7 +24,7 @@ from trio_worker._platform._http import HttpResponse
 from trio_worker.testing import FakePlatform, Fault
 
 from .backends import BOTH_BACKENDS, sleep_for
-from .test_supervisor import Harness
+from .supervisor_harness import Harness
 
 
 class Keeper(logging.Handler):

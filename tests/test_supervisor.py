@@ -19,8 +19,7 @@ import trio_worker
 import trio_worker.testing
 from tests.backends import BOTH_BACKENDS, sleep_for
 
-# Harness as Harness: tests/test_log_records.py still imports it from this module.
-from tests.supervisor_harness import Harness as Harness
+from tests.supervisor_harness import Harness
 from tests.supervisor_harness import echo_on
 from trio_worker._pacing import RATE_LIMIT_JITTER
 from trio_worker.testing import Fault
