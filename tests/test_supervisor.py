@@ -18,9 +18,7 @@ import trio
 import trio_worker
 import trio_worker.testing
 from tests.backends import BOTH_BACKENDS, sleep_for
-
-from tests.supervisor_harness import Harness
-from tests.supervisor_harness import echo_on
+from tests.supervisor_harness import Harness, echo_on
 from trio_worker._pacing import RATE_LIMIT_JITTER
 from trio_worker.testing import Fault
 
