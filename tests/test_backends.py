@@ -17,7 +17,7 @@ from tests.backends import (
     run_on_asyncio_host,
     sleep_for,
 )
-from trio_worker._asyncio_host import await_on_asyncio
+from trio_worker._backends._asyncio import await_on_asyncio
 from trio_worker._handlers import ThreadWaits
 
 

@@ -21,12 +21,14 @@ from trio_worker._handlers import (
     Stream,
     ThreadWaits,
     call_handler,
-    check_cancelled,
     handler_kind,
     run_in_thread,
 )
+from trio_worker._threads import check_cancelled
 
 from .backends import BOTH_BACKENDS, sleep_for
+
+TRIO = BACKENDS["trio"]
 
 JOB: dict[str, Any] = {"id": "j1", "input": {"n": 3}}
 TIMEOUT = 5.0  # a safety bound on handshakes; never reached when the code is right
@@ -358,7 +360,7 @@ async def test_stream_runs_each_sync_generator_step_in_a_thread() -> None:
         steps.append(threading.get_ident())
 
     waits = ThreadWaits()
-    assert await collect(Stream(gen(), waits)) == [0, 1, 2]
+    assert await collect(Stream(gen(), waits, backend=TRIO)) == [0, 1, 2]
     assert len(steps) == 4
     assert loop_ident not in steps
 
@@ -373,13 +375,13 @@ async def test_stream_iterates_async_generators_on_the_loop() -> None:
             yield {"i": i}
 
     waits = ThreadWaits()
-    assert await collect(Stream(agen(), waits)) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert await collect(Stream(agen(), waits, backend=TRIO)) == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert seen == [loop_thread] * 3
 
 
 async def test_stream_iterates_a_plain_iterator_and_yields_none_chunks() -> None:
     waits = ThreadWaits()
-    assert await collect(Stream(iter([None, 0, ""]), waits)) == [None, 0, ""]
+    assert await collect(Stream(iter([None, 0, ""]), waits, backend=TRIO)) == [None, 0, ""]
 
 
 async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> None:
@@ -391,7 +393,7 @@ async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> Non
     got: list[object] = []
 
     async def consume() -> None:
-        async for chunk in Stream(gen(), waits):
+        async for chunk in Stream(gen(), waits, backend=TRIO):
             got.append(chunk)
 
     with pytest.raises(KeyError, match="mid-stream"):
@@ -410,7 +412,7 @@ async def test_stream_closes_an_async_source_when_abandoned_early() -> None:
             events.append("closed")
 
     waits = ThreadWaits()
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), waits)))
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), waits, backend=TRIO)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
     assert events == ["closed"]
@@ -427,7 +429,7 @@ async def test_stream_closes_a_sync_source_when_abandoned_early() -> None:
 
     source = gen()
     waits = ThreadWaits()
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, waits)))
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, waits, backend=TRIO)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
     assert events == ["closed"]
@@ -445,7 +447,7 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
             release.wait(TIMEOUT)  # a cleanup that would hang
 
     waits = ThreadWaits()
-    stream = Stream(gen(), waits, close_bound=2.5)
+    stream = Stream(gen(), waits, backend=TRIO, close_bound=2.5)
     chunks = cast("AsyncGenerator[object, None]", aiter(stream))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
@@ -455,7 +457,7 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
 
 
 def test_stream_is_an_async_iterable() -> None:
-    stream = Stream(iter([]), ThreadWaits())
+    stream = Stream(iter([]), ThreadWaits(), backend=TRIO)
     assert isinstance(aiter(stream), AsyncIterator)
 
 
@@ -708,18 +710,53 @@ async def test_a_thread_left_running_by_a_cancelled_call_is_not_given_new_work()
     release.set()
 
 
-async def test_trio_from_thread_finds_the_loop_inside_a_sync_handler() -> None:
-    """What trio promises in a to_thread thread holds in a kept one: from_thread needs no
-    token, and runs on the loop's thread."""
+async def test_trio_from_thread_in_a_sync_handler_needs_the_token_then_reaches_the_loop() -> None:
+    """A sync handler's thread is the worker's, not one trio.to_thread started
+    (docs/reference.md, check_cancelled): trio.from_thread says so, naming trio_token,
+    and with the token it runs on the loop's thread."""
     loop_thread = threading.get_ident()
+    token = trio.lowlevel.current_trio_token()
 
     def handler(job: dict[str, Any]) -> object:
-        return trio.from_thread.run_sync(threading.get_ident)
+        with pytest.raises(RuntimeError, match="trio_token"):
+            trio.from_thread.run_sync(threading.get_ident)
+        return trio.from_thread.run_sync(threading.get_ident, trio_token=token)
 
     result = await call_handler(
         handler, HandlerKind.SYNC, JOB, ThreadWaits(), backend=BACKENDS["trio"]
     )
     assert result == loop_thread
+
+
+async def test_check_cancelled_works_in_a_thread_a_handler_starts_with_trio_to_thread() -> None:
+    """Outside the worker's own threads it falls back to trio's: async code on trio that
+    hands its sync work to trio.to_thread still sees its job stopped."""
+    started, stopped = threading.Event(), threading.Event()
+
+    def work() -> None:
+        started.set()
+        while True:
+            try:
+                check_cancelled()
+            except trio.Cancelled:
+                stopped.set()
+                raise
+            time.sleep(0.001)
+
+    async def handler(job: dict[str, Any]) -> object:
+        return await trio.to_thread.run_sync(work, abandon_on_cancel=True)
+
+    with trio.move_on_after(TIMEOUT) as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(
+                    call_handler, handler, HandlerKind.ASYNC, JOB, ThreadWaits(), backend=TRIO
+                )
+            )
+            await trio.to_thread.run_sync(started.wait, TIMEOUT)
+            nursery.cancel_scope.cancel()
+    assert not scope.cancelled_caught
+    assert await trio.to_thread.run_sync(stopped.wait, TIMEOUT)
 
 
 async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on() -> None:
@@ -735,7 +772,7 @@ async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on(
         finally:
             closed_on.append(threading.get_ident())
 
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(gen(), ThreadWaits())))
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(gen(), ThreadWaits(), backend=TRIO)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 1
         assert await anext(chunks) == 2

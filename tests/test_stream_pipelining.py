@@ -458,7 +458,8 @@ async def test_a_chunk_yielded_after_its_reader_was_cancelled_is_not_handed_off(
     reader is cancelled before its pump is, and the generator may yield once in between:
     that chunk stays in the buffer (never posted by the pump), for a reader to take in
     order if one comes back."""
-    from trio_worker._asyncio_host import AsyncioChunks
+    from trio_worker._backends import BACKENDS
+    from trio_worker._backends._asyncio import AsyncioChunks
     from trio_worker._handlers import ThreadWaits
 
     go, release = asyncio.Event(), asyncio.Event()
@@ -478,7 +479,7 @@ async def test_a_chunk_yielded_after_its_reader_was_cancelled_is_not_handed_off(
         return True
 
     chunks = AsyncioChunks(tokens(), close_bound=1.0, waits=ThreadWaits())
-    chunks.hand_off(offer)
+    BACKENDS["asyncio"].hand_off(chunks, offer)
     try:
         reading = trio.CancelScope()
         with trio.fail_after(5):
