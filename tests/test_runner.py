@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from tests.backends import BOTH_BACKENDS, sleep_for
+from trio_worker._chunk_posts import LocalChunks
 from trio_worker._config import Settings
 from trio_worker._handlers import ThreadWaits
 from trio_worker._lifecycle import HeldJob
@@ -22,19 +23,12 @@ from trio_worker._runner import JobRunner, JobSpec
 Make = Callable[[str], Any]
 
 
-class ListChunks:
+class ListChunks(LocalChunks):
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
+    def take(self, job_id: str, body: bytes) -> None:
         self.bodies.append(body)
-        return True
-
-    async def send_batch(
-        self, job_id: str, bodies: list[bytes], *, retry_until: float
-    ) -> list[bool | None]:
-        self.bodies += bodies
-        return [True] * len(bodies)
 
 
 def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> JobRunner:
