@@ -347,8 +347,9 @@ async def test_chunks_of_several_streams_waiting_together_share_one_write(
 async def test_chunks_of_streams_a_moment_apart_wait_for_each_other_and_share_one_write(
     backend: str, virtual_clock: trio.abc.Clock
 ) -> None:
-    """A round waits up to ``round_linger`` (1 ms) for the other open streams' chunks, on
-    either backend: chunks a fraction of that apart go out in one write, not one each."""
+    """A round waits up to ``round_linger`` (1 ms on trio, 3 ms on asyncio) for the other
+    open streams' chunks: chunks a fraction of that apart go out in one write, not one
+    each."""
     platform = FakePlatform()
     writes = Writes()
     sleep = sleep_for(backend)

@@ -42,7 +42,7 @@ class AsyncioBackend(Backend):
     of the host loop, where the engines they build find it."""
 
     name = "asyncio"
-    round_linger = 0.001
+    round_linger = 0.003
 
     def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         return host_run(async_fn, *args)
@@ -170,7 +170,12 @@ async def await_on_asyncio(
     finished = trio.Event()
     task.add_done_callback(lambda _: finished.set())
     try:
-        await finished.wait()
+        # The task's first step runs at the loop's next turn, before trio's next tick: a
+        # coroutine that ends in it (a quick handler) is taken then, and trio need not
+        # wait in its helper thread to be woken for it (docs/how-it-works.md).
+        await trio.lowlevel.checkpoint()
+        if not task.done():
+            await finished.wait()
     except trio.Cancelled:
         task.cancel()
         task.add_done_callback(_retrieved)  # now, or once it ends after we stop waiting
