@@ -16,11 +16,13 @@ inside all of them.
 
 Only trio's public API is used. The call is abandoned on cancel, as with
 ``abandon_on_cancel=True``: the task is woken at once (``wait_task_rescheduled``'s abort),
-and can still wait for the thread's end (:attr:`ThreadCall.ended`). The thread learns of it
-through :func:`check_cancelled`, which reads this module's own record of the call the
-thread runs and raises with the ``raise_cancel`` trio handed to the abort. The threads are
-the worker's, not trio's: ``trio.from_thread`` in them needs ``trio_token=``, as in any
-thread trio did not start (docs/reference.md, ``check_cancelled``).
+and can still wait for the thread's end (:attr:`ThreadCall.ended`). The code learns of it
+through :func:`check_cancelled`, which reads the call from a context variable set in the
+call's own copy of its task's context (so a thread the code starts in a copy of that
+context sees the same call) and raises with the ``raise_cancel`` trio handed to the
+abort. The threads are the worker's, not trio's: ``trio.from_thread`` in them needs
+``trio_token=``, as in any thread trio did not start (docs/reference.md,
+``check_cancelled``).
 """
 
 from __future__ import annotations
@@ -42,17 +44,21 @@ DEFAULT_NAME = "trio_worker sync code"
 INITIALIZER_THREAD = "trio_worker initializer"
 
 _idle: list[_KeptThread] = []
-# The call each kept thread runs now, for check_cancelled().
-_running = threading.local()
+# The call whose code runs in this context, for check_cancelled(): set only while the call
+# runs, in the call's own copy of its task's context.
+_CALL: contextvars.ContextVar[ThreadCall | None] = contextvars.ContextVar(
+    "trio_worker_thread_call", default=None
+)
 
 
 def check_cancelled() -> None:
     """Raise ``trio.Cancelled`` in a sync handler's thread once its job has been stopped.
 
-    Call it now and then from long sync work; outside a thread the worker started (or one
-    ``trio.to_thread`` started) it does nothing.
+    Call it now and then from long sync work. It also works in a thread the handler starts
+    in a copy of its context (``contextvars.copy_context().run``), and in one that
+    ``trio.to_thread`` started; anywhere else it does nothing (docs/reference.md).
     """
-    call: ThreadCall | None = getattr(_running, "call", None)
+    call = _CALL.get()
     if call is not None:
         raise_cancel = call.raise_cancel
         if raise_cancel is not None:
@@ -65,8 +71,9 @@ def check_cancelled() -> None:
 
 
 def in_kept_thread() -> bool:
-    """Whether the caller runs in one of the worker's kept threads."""
-    return getattr(_running, "call", None) is not None
+    """Whether the caller runs the code of a kept-thread call (or a thread that code
+    started in a copy of its context)."""
+    return _CALL.get() is not None
 
 
 class _Returns:
@@ -170,11 +177,16 @@ class ThreadCall:
 
     def run(self) -> outcome.Outcome[Any]:
         """In the kept thread: run the code."""
-        _running.call = self
+        return outcome.capture(self._context.run, self._run_here)
+
+    def _run_here(self) -> Any:
+        # Reset after the call, so the context does not keep the call alive (nor the call
+        # its context); a copy the code made meanwhile keeps its own reference.
+        token = _CALL.set(self)
         try:
-            return outcome.capture(self._context.run, self._fn, *self._args)
+            return self._fn(*self._args)
         finally:
-            _running.call = None
+            _CALL.reset(token)
 
     def deliver(self, result: outcome.Outcome[Any]) -> None:
         """On the loop's thread: wake the waiting task, or say an abandoned call ended."""
