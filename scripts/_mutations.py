@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = "tests/test_properties.py"
 # Where the property suite cannot make a shield's work observable, the tests that do run
 # first (pytest paths, space-separated), by "<file>" or "<file>:<function>". None now: the
-# suite draws the asyncio backend (its shields in _asyncio_host.py and _handlers.py are
+# suite draws the asyncio backend (its shields in _backends/_asyncio.py and _handlers.py are
 # caught by properties, docs/property-suite.md), and test_stopped_code_keeps_its_slot stops
 # running streams often enough to see a generator's close lose its shield.
 SUITES_BY_FILE: dict[str, str] = {
@@ -243,11 +243,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "stopped-reader-takes-chunks",
-        "_asyncio_host.py AsyncioChunks._offered: the pump hands a chunk off although the "
+        "_backends/_asyncio.py AsyncioChunks._offered: the pump hands a chunk off although the "
         "trio reader's wait was cancelled (a stopped stream's chunk is posted)",
         (
             Patch(
-                "trio_worker/_asyncio_host.py",
+                "trio_worker/_backends/_asyncio.py",
                 "            and reader.statistics().tasks_waiting > 0\n",
                 "            and True\n",
             ),

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -29,7 +28,6 @@ import trio
 import trio.testing
 
 import trio_worker
-from trio_worker import _guest_tick
 
 T = TypeVar("T")
 
@@ -87,13 +85,9 @@ class HostLoopClock(trio.abc.Clock):
         trio.lowlevel.add_instrument(counter)
         self._loop = loop
         loop.time = self.current_time  # type: ignore[method-assign]
-        # trio's idle waits on the loop (trio_worker/_guest_tick.py) end after real time,
-        # which the loop's timers no longer tell.
-        loop_timer, _guest_tick.start_timer = _guest_tick.start_timer, _real_time_timer
         try:
             yield
         finally:
-            _guest_tick.start_timer = loop_timer
             del loop.time
             self._loop = None
             trio.lowlevel.remove_instrument(counter)
@@ -130,19 +124,6 @@ class HostLoopClock(trio.abc.Clock):
             return self.IDLE_POLL
         self.jump(target - now)
         return 0.0
-
-
-def _real_time_timer(
-    loop: asyncio.AbstractEventLoop, seconds: float, callback: Callable[[], object]
-) -> threading.Timer:
-    def due() -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(callback)
-
-    timer = threading.Timer(seconds, due)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 class _StepCounter(trio.abc.Instrument):

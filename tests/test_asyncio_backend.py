@@ -542,9 +542,9 @@ def test_the_host_loop_ends_even_when_a_task_ignores_its_cancellation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # asyncio.run() would wait for such a task forever: the worker process could never exit.
-    from trio_worker import _asyncio_host
+    from trio_worker._backends import _host
 
-    monkeypatch.setattr(_asyncio_host, "LEFTOVER_BOUND", 0.01)
+    monkeypatch.setattr(_host, "LEFTOVER_BOUND", 0.01)
     cancellations: list[int] = []
 
     async def stubborn() -> None:
@@ -563,34 +563,15 @@ def test_the_host_loop_ends_even_when_a_task_ignores_its_cancellation(
     assert cancellations  # it was asked to stop, and the host moved on anyway
 
 
-# --- trio's idle waits on the host loop (trio_worker/_guest_tick.py) ---------------------------
+# --- the guest run on the host loop (trio_worker/_backends/_host.py) ---------------------------
 
 
-@pytest.fixture
-def helper_waits(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """The waits trio's own guest tick hands to its helper thread, from now on."""
-    from trio._core import _run, _thread_cache
-
-    waits: list[object] = []
-    trio_start_thread_soon = _thread_cache.start_thread_soon
-
-    def counting(*args: Any, **kwargs: Any) -> None:
-        waits.append(args[0])
-        trio_start_thread_soon(*args, **kwargs)
-
-    monkeypatch.setattr(_run, "start_thread_soon", counting)
-    return waits
-
-
-def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_it(
-    helper_waits: list[object],
-) -> None:
-    """No helper thread per idle wait, and trio still wakes for each kind of event: its
-    I/O, its deadline, a call from another thread, and a thread's result."""
+def test_every_kind_of_wake_up_reaches_the_guest_run() -> None:
+    """trio as asyncio's guest still wakes for each kind of event: its I/O, its deadline,
+    a call from another thread, a thread's result, and a trio.Event set by an asyncio
+    callback while trio waits."""
     import threading
     import time
-
-    from trio_worker._backends import run_asyncio_host
 
     woken: list[str] = []
 
@@ -617,127 +598,31 @@ def test_the_guest_waits_for_its_io_on_the_host_loop_and_every_wake_up_reaches_i
         woken.append("another thread")
         assert await trio.to_thread.run_sync(lambda: "done") == "done"
         woken.append("thread result")
-
-    run_asyncio_host(main)
-    assert woken == ["deadline", "io", "another thread", "thread result"]
-    assert helper_waits == []  # trio's own tick starts one per idle wait
-
-
-@pytest.fixture
-def wakeup_bytes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Each byte trio writes to its own wake-up socket to end an idle wait, from now on."""
-    from trio._core._io_epoll import EpollIOManager
-
-    writes: list[object] = []
-    trios_own = EpollIOManager.force_wakeup
-
-    def counting(self: EpollIOManager) -> None:
-        writes.append(self)
-        trios_own(self)
-
-    monkeypatch.setattr(EpollIOManager, "force_wakeup", counting)
-    return writes
-
-
-def test_a_task_woken_by_the_host_loop_needs_no_byte_through_trios_wake_up_socket(
-    wakeup_bytes: list[object],
-) -> None:
-    """An asyncio callback that sets a ``trio.Event`` while trio idles (each chunk of an
-    async generator, each asyncio task's end) wakes trio with a callback on the loop."""
-
-    async def main() -> int:
         loop = asyncio.get_running_loop()
-        woken = 0
         for _ in range(20):
             event = trio.Event()
             loop.call_later(0.0005, event.set)  # set from asyncio, while trio waits
             with trio.fail_after(WAIT):
                 await event.wait()
-            woken += 1
-        return woken
+        woken.append("asyncio callbacks")
 
-    assert trio_worker.run_asyncio_host(main) == 20
-    assert wakeup_bytes == []
-
-
-def test_a_guest_run_stops_being_watched_by_its_host_loop_when_it_ends() -> None:
-    """The loop watches the run's epoll descriptor from its first idle wait to its end,
-    and not after: the descriptor is closed then, and its number may be reused."""
-    from trio_worker import _guest_tick
-
-    assert _guest_tick.install()
-    watched: list[set[int]] = []
-
-    async def trio_main() -> None:
-        await trio.sleep(0.001)  # an idle wait: the loop now watches the epoll
-        watched.append(set(asyncio.get_running_loop()._selector.get_map()))  # type: ignore[attr-defined]
-
-    async def host() -> set[int]:
-        loop = asyncio.get_running_loop()
-        before = set(loop._selector.get_map())  # type: ignore[attr-defined]
-        done: asyncio.Future[Any] = loop.create_future()
-        trio.lowlevel.start_guest_run(
-            trio_main,
-            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-            run_sync_soon_not_threadsafe=_guest_tick.HostCallSoon(loop),
-            done_callback=done.set_result,
-            host_uses_signal_set_wakeup_fd=True,
-        )
-        (await done).unwrap()
-        return set(loop._selector.get_map()) - before  # type: ignore[attr-defined]
-
-    left_watched = asyncio.run(host())
-    assert len(watched) == 1 and watched[0]  # watched while the run lived
-    assert left_watched == set()
+    trio_worker.run_asyncio_host(main)
+    assert woken == ["deadline", "io", "another thread", "thread result", "asyncio callbacks"]
 
 
-def test_a_guest_run_started_elsewhere_keeps_trios_own_tick(helper_waits: list[object]) -> None:
-    """Only the runs the worker starts wait on the host loop: another library's guest run
-    in the same process still waits in trio's helper thread, and still works."""
-    from trio_worker import _guest_tick
+def test_a_cancelled_host_task_cancels_the_guest_run_and_ends_cancelled() -> None:
+    """asyncio code that cancels every task of the loop cancels the worker's trio run
+    too; the host waits for that run to end, then ends as a cancelled asyncio task does."""
+    ended: list[str] = []
 
-    assert _guest_tick.install()
+    async def main() -> None:
+        try:
+            for task in asyncio.all_tasks():
+                task.cancel()
+            await trio.sleep_forever()
+        finally:
+            ended.append("trio run ended")
 
-    async def trio_main() -> str:
-        await trio.sleep(0.002)
-        event = trio.Event()
-        asyncio.get_running_loop().call_later(0.001, event.set)  # trio's wake-up socket
-        with trio.fail_after(WAIT):
-            await event.wait()
-        return "slept"
-
-    async def host() -> str:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Any] = loop.create_future()
-        trio.lowlevel.start_guest_run(
-            trio_main,
-            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-            run_sync_soon_not_threadsafe=loop.call_soon,
-            done_callback=done.set_result,
-        )
-        return str((await done).unwrap())
-
-    assert asyncio.run(host()) == "slept"
-    assert helper_waits  # trio's own tick: its idle wait went to the helper thread
-
-
-def test_the_host_loop_tick_is_not_installed_on_a_trio_whose_guest_run_differs() -> None:
-    """A trio release whose guest run lacks a field the tick uses keeps its own tick."""
-    import attrs
-
-    from trio_worker import _guest_tick
-
-    def trios_tick(self: object) -> None: ...
-
-    @attrs.define
-    class RenamedState:
-        runner: object
-        run_sync_soon_not_threadsafe: object
-        done_callback: object
-        unrolled_run_generator: object  # renamed
-        unrolled_run_next_send: object
-
-        guest_tick = trios_tick
-
-    assert not _guest_tick.install(RenamedState)
-    assert RenamedState.guest_tick is trios_tick
+    with pytest.raises(asyncio.CancelledError):
+        trio_worker.run_asyncio_host(main)
+    assert ended == ["trio run ended"]

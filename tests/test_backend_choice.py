@@ -48,6 +48,23 @@ async def async_gen_handler(job: dict[str, Any]) -> AsyncIterator[object]:
     yield job["input"]
 
 
+class AsyncModel:
+    """A class-based handler holding its model in ``self``, called with ``async def``."""
+
+    async def __call__(self, job: dict[str, Any]) -> object:
+        return job["input"]
+
+
+class AsyncStreamingModel:
+    async def __call__(self, job: dict[str, Any]) -> AsyncIterator[object]:
+        yield job["input"]
+
+
+class SyncModel:
+    def __call__(self, job: dict[str, Any]) -> object:
+        return job["input"]
+
+
 def sync_init() -> None:
     pass
 
@@ -68,6 +85,10 @@ async def async_init() -> None:
         (async_handler, {}, "asyncio"),
         (async_gen_handler, {}, "asyncio"),
         (functools.partial(async_handler), {}, "asyncio"),
+        (AsyncModel(), {}, "asyncio"),
+        (functools.partial(AsyncModel()), {}, "asyncio"),
+        (AsyncStreamingModel(), {}, "asyncio"),
+        (SyncModel(), {}, "trio"),
         (async_handler, {"initializer": sync_init, "init_timeout": 5}, "asyncio"),
         (sync_handler, {"initializer": async_init}, "asyncio"),
         (sync_handler, {"initializer": functools.partial(async_init)}, "asyncio"),

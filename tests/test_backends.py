@@ -18,7 +18,7 @@ from tests.backends import (
     sleep_for,
 )
 from trio_worker import Timings as _Timings
-from trio_worker._asyncio_host import await_on_asyncio
+from trio_worker._backends._asyncio import await_on_asyncio
 from trio_worker._scopes import Scopes
 
 

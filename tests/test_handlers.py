@@ -7,7 +7,6 @@ import contextlib
 import functools
 import operator
 import threading
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from typing import Any, cast
 
@@ -21,13 +20,14 @@ from trio_worker._handlers import (
     HandlerKind,
     Stream,
     call_handler,
-    check_cancelled,
     handler_kind,
     run_in_thread,
 )
 from trio_worker._scopes import Scopes
 
 from .backends import BOTH_BACKENDS, sleep_for
+
+TRIO = BACKENDS["trio"]
 
 JOB: dict[str, Any] = {"id": "j1", "input": {"n": 3}}
 TIMEOUT = 5.0  # a safety bound on handshakes; never reached when the code is right
@@ -359,7 +359,7 @@ async def test_stream_runs_each_sync_generator_step_in_a_thread() -> None:
         steps.append(threading.get_ident())
 
     waits = Scopes(_Timings())
-    assert await collect(Stream(gen(), waits)) == [0, 1, 2]
+    assert await collect(Stream(gen(), waits, backend=TRIO)) == [0, 1, 2]
     assert len(steps) == 4
     assert loop_ident not in steps
 
@@ -374,13 +374,13 @@ async def test_stream_iterates_async_generators_on_the_loop() -> None:
             yield {"i": i}
 
     waits = Scopes(_Timings())
-    assert await collect(Stream(agen(), waits)) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert await collect(Stream(agen(), waits, backend=TRIO)) == [{"i": 0}, {"i": 1}, {"i": 2}]
     assert seen == [loop_thread] * 3
 
 
 async def test_stream_iterates_a_plain_iterator_and_yields_none_chunks() -> None:
     waits = Scopes(_Timings())
-    assert await collect(Stream(iter([None, 0, ""]), waits)) == [None, 0, ""]
+    assert await collect(Stream(iter([None, 0, ""]), waits, backend=TRIO)) == [None, 0, ""]
 
 
 async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> None:
@@ -392,7 +392,7 @@ async def test_stream_propagates_a_generator_error_after_earlier_chunks() -> Non
     got: list[object] = []
 
     async def consume() -> None:
-        async for chunk in Stream(gen(), waits):
+        async for chunk in Stream(gen(), waits, backend=TRIO):
             got.append(chunk)
 
     with pytest.raises(KeyError, match="mid-stream"):
@@ -411,7 +411,7 @@ async def test_stream_closes_an_async_source_when_abandoned_early() -> None:
             events.append("closed")
 
     waits = Scopes(_Timings())
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), waits)))
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(agen(), waits, backend=TRIO)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
     assert events == ["closed"]
@@ -428,7 +428,7 @@ async def test_stream_closes_a_sync_source_when_abandoned_early() -> None:
 
     source = gen()
     waits = Scopes(_Timings())
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, waits)))
+    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(source, waits, backend=TRIO)))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
     assert events == ["closed"]
@@ -446,7 +446,7 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
             release.wait(TIMEOUT)  # a cleanup that would hang
 
     waits = Scopes(_Timings())
-    stream = Stream(gen(), waits, close_bound=2.5)
+    stream = Stream(gen(), waits, backend=TRIO, close_bound=2.5)
     chunks = cast("AsyncGenerator[object, None]", aiter(stream))
     async with contextlib.aclosing(chunks):
         assert await anext(chunks) == 0
@@ -456,82 +456,8 @@ async def test_a_stuck_sync_cleanup_is_cut_at_the_close_bound(
 
 
 def test_stream_is_an_async_iterable() -> None:
-    stream = Stream(iter([]), Scopes(_Timings()))
+    stream = Stream(iter([]), Scopes(_Timings()), backend=TRIO)
     assert isinstance(aiter(stream), AsyncIterator)
-
-
-# --- check_cancelled ----------------------------------------------------------------------
-
-
-def test_check_cancelled_is_a_noop_outside_trio() -> None:
-    check_cancelled()
-
-
-async def test_check_cancelled_is_a_noop_on_the_trio_thread_and_plain_threads() -> None:
-    check_cancelled()
-    errors: list[BaseException] = []
-
-    def plain() -> None:
-        try:
-            check_cancelled()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=plain)
-    thread.start()
-    thread.join(TIMEOUT)
-    assert errors == []
-
-
-async def test_check_cancelled_is_silent_in_a_handler_thread_while_not_cancelled() -> None:
-    def handler(job: dict[str, Any]) -> object:
-        check_cancelled()
-        return "fine"
-
-    assert await call(handler) == "fine"
-
-
-async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() -> None:
-    started = threading.Event()
-    go = threading.Event()
-    outcome: list[str] = []
-    returned = threading.Event()
-
-    def handler(job: dict[str, Any]) -> object:
-        try:
-            started.set()
-            assert go.wait(TIMEOUT)
-            try:
-                check_cancelled()
-            except trio.Cancelled:
-                outcome.append("cancelled")
-                raise
-            outcome.append("not cancelled")
-            return "finished"
-        finally:
-            returned.set()
-
-    waits = Scopes(_Timings())
-    results: list[object] = []
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-
-            async def run() -> None:
-                results.append(
-                    await call_handler(
-                        handler, HandlerKind.SYNC, JOB, waits, backend=BACKENDS["trio"]
-                    )
-                )
-
-            nursery.start_soon(run)
-            assert await trio.to_thread.run_sync(started.wait, TIMEOUT)
-            scope.cancel()
-            go.set()
-    assert scope.cancelled_caught
-    assert outcome == ["cancelled"]
-    assert results == []
-    # The job task did not move on before the handler thread returned.
-    assert returned.is_set()
 
 
 # --- run_in_thread ------------------------------------------------------------------------
@@ -668,118 +594,3 @@ async def test_end_by_cuts_waits_already_running_and_those_started_later(
         nursery.start_soon(wait, "shorter", 0.5)
     # Nothing cancelled them: the deadline alone ended them, a shorter bound first.
     assert ended == {"before": 3.0, "after": 3.0, "shorter": 1.5}
-
-
-# --- kept threads (trio_worker/_threads.py) ---------------------------------------------------
-
-
-async def test_sequential_sync_calls_reuse_one_kept_thread() -> None:
-    """A kept thread serves the next call: no thread is started per job."""
-    waits = Scopes(_Timings())
-    first = await run_in_thread(threading.get_ident, waits=waits)
-    second = await run_in_thread(threading.get_ident, waits=waits)
-    assert first == second != threading.get_ident()
-
-
-async def test_a_thread_left_running_by_a_cancelled_call_is_not_given_new_work() -> None:
-    """The abandoned thread is still busy: the next call runs on another thread at once."""
-    waits = Scopes(_Timings())
-    release, running = threading.Event(), threading.Event()
-    busy: list[int] = []
-
-    def stuck() -> None:
-        busy.append(threading.get_ident())
-        running.set()
-        release.wait(TIMEOUT)
-
-    async def call_stuck(
-        task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            await run_in_thread(stuck, waits=waits)
-
-    async with trio.open_nursery() as nursery:
-        scope = await nursery.start(call_stuck)
-        await trio.to_thread.run_sync(running.wait, TIMEOUT)
-        waits.end_by(trio.current_time())  # the cancelled caller does not wait for it
-        scope.cancel()
-    other = await run_in_thread(threading.get_ident, waits=waits)
-    assert other != busy[0]
-    release.set()
-
-
-async def test_trio_from_thread_finds_the_loop_inside_a_sync_handler() -> None:
-    """What trio promises in a to_thread thread holds in a kept one: from_thread needs no
-    token, and runs on the loop's thread."""
-    loop_thread = threading.get_ident()
-
-    def handler(job: dict[str, Any]) -> object:
-        return trio.from_thread.run_sync(threading.get_ident)
-
-    result = await call_handler(
-        handler, HandlerKind.SYNC, JOB, Scopes(_Timings()), backend=BACKENDS["trio"]
-    )
-    assert result == loop_thread
-
-
-async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on() -> None:
-    """One way into a thread for all sync user code: the generator's cleanup too."""
-    steps: list[int] = []
-    closed_on: list[int] = []
-
-    def gen() -> Generator[object, None, None]:
-        try:
-            while True:
-                steps.append(threading.get_ident())
-                yield len(steps)
-        finally:
-            closed_on.append(threading.get_ident())
-
-    chunks = cast("AsyncGenerator[object, None]", aiter(Stream(gen(), Scopes(_Timings()))))
-    async with contextlib.aclosing(chunks):
-        assert await anext(chunks) == 1
-        assert await anext(chunks) == 2
-    assert closed_on == steps[:1] and steps == [steps[0]] * 2
-    assert closed_on[0] != threading.get_ident()
-
-
-async def test_outcomes_finished_before_the_loop_collects_them_share_one_message() -> None:
-    """Each message back is a write to trio's wake-up socket: threads that finish while one
-    is on its way add their outcome to it instead of posting their own."""
-    from trio_worker import _threads
-
-    release = threading.Event()
-    started = [threading.Event() for _ in range(3)]
-    results: list[int] = []
-
-    def wait_then_return(index: int) -> int:
-        started[index].set()
-        release.wait(TIMEOUT)
-        return index
-
-    async def call(index: int) -> None:
-        results.append(await run_in_thread(wait_then_return, index, waits=Scopes(_Timings())))
-
-    async with trio.open_nursery() as nursery:
-        for index in range(3):
-            nursery.start_soon(call, index)
-        for event in started:
-            await trio.to_thread.run_sync(event.wait, TIMEOUT)
-        # The loop's thread blocks here until all three outcomes are on their way back.
-        release.set()
-        returns = _threads._RETURNS.get()
-        deadline = time.monotonic() + TIMEOUT
-        while len(returns._outcomes) < 3 and time.monotonic() < deadline:
-            time.sleep(0.0001)
-        assert len(returns._outcomes) == 3
-        assert trio.lowlevel.current_statistics().run_sync_soon_queue_size == 1
-    assert sorted(results) == [0, 1, 2]
-
-
-async def test_a_sync_handler_sees_the_callers_context() -> None:
-    import contextvars
-
-    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
-    var.set("the job's")
-    assert await run_in_thread(var.get, waits=Scopes(_Timings())) == "the job's"

@@ -11,6 +11,7 @@ import trio
 
 from tests.backends import BOTH_BACKENDS, sleep_for
 from trio_worker import Timings as _Timings
+from trio_worker._chunk_posts import LocalChunks
 from trio_worker._config import Settings
 from trio_worker._options import AsyncBackend, worker_options
 from trio_worker._payloads import Payloads
@@ -24,19 +25,12 @@ from trio_worker._state import HeldJob
 Make = Callable[[str], Any]
 
 
-class ListChunks:
+class ListChunks(LocalChunks):
     def __init__(self) -> None:
         self.bodies: list[bytes] = []
 
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
+    def take(self, job_id: str, body: bytes) -> None:
         self.bodies.append(body)
-        return True
-
-    async def send_batch(
-        self, job_id: str, bodies: list[bytes], *, retry_until: float
-    ) -> list[bool | None]:
-        self.bodies += bodies
-        return [True] * len(bodies)
 
 
 def runner(handler: Any, chunks: ListChunks, backend: str, **options: Any) -> JobRunner:

@@ -18,10 +18,11 @@ from urllib.parse import unquote
 import pytest
 import trio
 
+from trio_worker import Timings
 from trio_worker.testing import FakePlatform, Fault
 
 from .backends import BOTH_BACKENDS, sleep_for
-from .test_delivery import finished, running
+from .test_delivery import finished, running, stream_of_four
 
 if TYPE_CHECKING:
     from trio_worker._endpoint._routes import Request, Response
@@ -146,3 +147,23 @@ async def test_a_calm_stream_posts_its_chunks_with_no_task_of_its_own(
     assert job.stream == list(range(CHUNKS))
     own = [name for name in spawned.names if name.startswith("trio_worker._chunk_posts.")]
     assert bool(own) == trouble, own
+
+
+@BOTH_BACKENDS
+async def test_a_stream_whose_budget_is_spent_gives_each_later_chunk_one_attempt(
+    backend: str, virtual_clock: trio.abc.Clock
+) -> None:
+    """The stream's budget (20 s) runs out on chunk 0 in an outage; each chunk after it
+    still gets one attempt's time (10 s), so the platform, back at 25 s, gets chunk 1,
+    and with it a sign of life: the chunks after it have a budget again."""
+    platform = FakePlatform()
+    async with running(
+        platform, stream_of_four(backend), timings=Timings(report_budget=20.0), backend=backend
+    ):
+        start = trio.current_time()
+        platform.inject(Fault("stream", status=503, times=10**9, until=start + 25.0))
+        job = await finished(platform, platform.enqueue({}), "COMPLETED")
+    assert job.stream == [1, 2, 3]
+    assert job.done_reports == [
+        {"output": [], "undelivered_chunk_count": 1, "undelivered_chunks": [0]}
+    ]

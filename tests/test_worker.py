@@ -18,8 +18,8 @@ import trio_worker
 import trio_worker.testing
 from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS
 from trio_worker import Timings as _Timings
-from trio_worker._asyncio_host import await_on_asyncio
 from trio_worker._backends import BACKENDS
+from trio_worker._backends._asyncio import await_on_asyncio
 from trio_worker._options import AsyncBackend
 from trio_worker._progress_calls import ProgressTarget, current_progress
 from trio_worker._scopes import Scopes

@@ -50,9 +50,9 @@ if typing.TYPE_CHECKING:
     from ._exceptions import TrioWorkerError as TrioWorkerError
     from ._exceptions import WorkerInternalError as WorkerInternalError
     from ._fitness import register_fitness_check as register_fitness_check
-    from ._handlers import check_cancelled as check_cancelled
     from ._progress_calls import progress_update as progress_update
     from ._start import start as start
+    from ._threads import check_cancelled as check_cancelled
     from ._worker import WorkerHandle as WorkerHandle
     from ._worker import serve as serve
 
@@ -102,7 +102,7 @@ _DEFINED_IN = {
     "TrioWorkerError": "._exceptions",
     "WorkerInternalError": "._exceptions",
     "register_fitness_check": "._fitness",
-    "check_cancelled": "._handlers",
+    "check_cancelled": "._threads",
     "start": "._start",
     "WorkerHandle": "._worker",
     "progress_update": "._progress_calls",

@@ -1,78 +1,164 @@
-"""Posting a stream's chunks to the job-stream route: in order, pipelined, retried.
+"""Posting a stream's chunks to the job-stream route: in order, in batches, retried
+(docs/protocol.md §2.4).
 
-docs/protocol.md §2.4 has the rules. The reference posts one chunk and waits for its answer
-before asking the generator for the next one, so a stream runs at one round trip per chunk
-at best (docs/protocol.md §8 item 15). Here the generator runs ahead into a bounded queue,
-and the chunks waiting in it go out together, with those of the other streams waiting at
-the same moment (:mod:`._chunk_convoy`): written at once on one kept-alive connection
-(HTTP/1.1 pipelining), their answers read back in order. A chunk that was not answered, or
-was answered with a status worth another attempt, is then sent again on its own, in order,
-within the stream's budget.
-
-At 64 streams of 50 tokens a second a chunk's every task switch counts (docs/benchmarks.md):
-handing it to a task of the stream's own over a channel, that task waking again for the
-round's answers, cost two scheduler passes, a channel, a seat and an event per chunk. On the
-calm path a chunk now wakes no task but the convoy's (:class:`ChunkPoster`).
+Theory of operation
+-------------------
+There is one path for a chunk. The runner hands it over (:meth:`ChunkPoster.put`, or
+:meth:`ChunkPoster.put_now` from the asyncio pump); the chunks waiting when the stream's
+:class:`Seat` is free board it as one batch (:meth:`ChunkSink.board`); the sink calls back
+with a verdict per chunk. While every chunk is delivered at the first attempt (the calm
+path) no task of the stream's own runs: the callback boards the next batch. A chunk with
+no verdict (unanswered, or answered with a status worth another attempt) is sent again on
+its own, in order, by a task of the stream (:meth:`ChunkSink.send_chunk`); so is every
+chunk while the sink has no round to join. The platform's sink is
+``_chunk_convoy.ChunkConvoy``; a local one takes chunks in place (:class:`LocalChunks`).
 """
 
 from __future__ import annotations
 
-import logging
+from abc import ABC, abstractmethod
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TypeAlias
 
 import trio
-
-from ._chunk_convoy import ChunkConvoy, has_room
-
-if TYPE_CHECKING:
-    from ._chunk_convoy import Seat
-    from ._platform._http import HttpResponse
-
-log = logging.getLogger("trio_worker")
 
 # Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
 # an unbounded backlog in memory.
 STREAM_PIPELINE_DEPTH = 64
+# The one batch limit: a stream's batch, and a round of every stream's batches, take
+# chunks up to this many requests or bytes of body. A round cut short by a broken
+# connection sends its unanswered chunks again one at a time, so it is kept modest.
+BATCH_REQUESTS = 256
+BATCH_BYTES = 1024 * 1024
+
+#: ``answered(seat)``: called by the sink with :attr:`Seat.verdicts` filled in. It must
+#: not block (it runs in the sink's task, or in place for a local sink).
+Answered: TypeAlias = Callable[["Seat"], None]
 
 
-class ChunkSink(Protocol):
-    """Where a streaming job's chunks go, in order: the platform, or stdout in local mode."""
+class Seat:
+    """A stream's place on its sink: the batch it has boarded, if any, and whom to tell
+    how it went. One per stream (a stream boards one batch at a time)."""
 
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
-        """Try until *retry_until* (trio time; at least one attempt); whether the chunk
-        was delivered."""
-        ...
+    __slots__ = ("abandoned", "answered", "bodies", "job_id", "pause", "size", "url", "verdicts")
 
-    async def send_batch(
-        self, job_id: str, bodies: list[bytes], *, retry_until: float
-    ) -> list[bool | None]:
-        """One attempt at every body, in order: per chunk, True when delivered, False when
-        refused for good (and logged), None when it is worth sending again (after the
-        wait the platform asked for, if any, up to *retry_until*)."""
-        ...
+    def __init__(self, job_id: str, url: str, answered: Answered) -> None:
+        self.job_id = job_id
+        self.url = url  # where the chunks go
+        self.answered = answered
+        self.bodies: list[bytes] = []
+        self.size = 0  # bytes of body
+        #: Per chunk: True delivered, False refused for good (logged), None worth another
+        #: attempt (after :attr:`pause` seconds, when the platform asked for one).
+        self.verdicts: list[bool | None] = []
+        self.pause: float | None = None
+        self.abandoned = False  # its stream is over: nobody waits for its answers
+
+    def take(self, bodies: list[bytes]) -> None:
+        """Board *bodies* (the sink then answers them once)."""
+        self.bodies = bodies
+        self.size = sum(map(len, bodies))
+
+    def answer(self, verdicts: list[bool | None], pause: float | None = None) -> None:
+        """The sink's verdicts on the batch; its owner hears of them unless it left."""
+        self.verdicts, self.pause = verdicts, pause
+        if not self.abandoned:
+            self.answered(self)
+
+
+class ChunkSink(ABC):
+    """Where a streaming job's chunks go, in order: the platform, or a local stand-in."""
+
+    @abstractmethod
+    def open_stream(self, job_id: str, answered: Answered) -> Seat:
+        """A stream of *job_id* starts: its seat, whose answers go to *answered*."""
+
+    @abstractmethod
+    def close_stream(self, seat: Seat) -> None:
+        """The stream is over: its batch, if one is boarded, is nobody's now."""
+
+    @abstractmethod
+    def boards_now(self) -> bool:
+        """Whether :meth:`board` would take a batch starting no task (the caller may not
+        be a trio task: the asyncio pump)."""
+
+    @abstractmethod
+    def board(self, seat: Seat, bodies: list[bytes]) -> bool:
+        """One attempt at each of *bodies*, answered through the seat; False when there
+        is no round to join (then the stream sends them on its own)."""
+
+    @abstractmethod
+    async def send_chunk(
+        self, seat: Seat, body: bytes, *, retry_until: float, pause: float | None = None
+    ) -> bool:
+        """Try until *retry_until* (trio time; at least one attempt, after *pause*
+        seconds when the platform asked for one); whether the chunk was delivered."""
+
+
+class LocalChunks(ChunkSink):
+    """A sink in the worker's own process (stdout in local mode, nothing in the realtime
+    route, a list in tests): each chunk is delivered in place, at once, never refused (so
+    its answer starts no task, and the asyncio pump may board it)."""
+
+    @abstractmethod
+    def take(self, job_id: str, body: bytes) -> None:
+        """Take one encoded chunk (``{"output": chunk}``)."""
+
+    def open_stream(self, job_id: str, answered: Answered) -> Seat:
+        return Seat(job_id, job_id, answered)
+
+    def close_stream(self, seat: Seat) -> None:
+        seat.abandoned = True
+
+    def boards_now(self) -> bool:
+        return True
+
+    def board(self, seat: Seat, bodies: list[bytes]) -> bool:
+        seat.take(bodies)
+        for body in bodies:
+            self.take(seat.job_id, body)
+        seat.answer([True] * len(bodies))
+        return True
+
+    async def send_chunk(
+        self, seat: Seat, body: bytes, *, retry_until: float, pause: float | None = None
+    ) -> bool:
+        await trio.lowlevel.checkpoint()
+        self.take(seat.job_id, body)
+        return True
+
+
+def has_room(requests: int, size: int) -> bool:
+    """Whether a stream's batch of *requests* chunks and *size* bytes may take one more
+    (the chunk taken last may pass :data:`BATCH_BYTES` by its own size)."""
+    return requests < BATCH_REQUESTS and size < BATCH_BYTES
+
+
+def take_batch(pending: deque[bytes]) -> list[bytes]:
+    """The first chunks of *pending* (not empty), while the batch has room within the one
+    limit (:func:`has_room`): the last one taken may pass the byte limit by its own size."""
+    batch = [pending.popleft()]
+    size = len(batch[0])
+    while pending and has_room(len(batch), size):
+        body = pending.popleft()
+        batch.append(body)
+        size += len(body)
+    return batch
 
 
 class ChunkPoster:
     """One stream's chunks, posted in order; the indexes of those finally lost go to
     :attr:`undelivered`.
 
-    The runner hands each chunk over with :meth:`put`, which does not switch tasks while
-    fewer than :data:`STREAM_PIPELINE_DEPTH` chunks wait. While the platform takes every
-    chunk at the first attempt (the calm path), the chunks waiting go to the worker's
-    :class:`~trio_worker._chunk_convoy.ChunkConvoy` as one batch, at most one batch of the
-    stream on the wire, and the convoy's own task queues the next batch when a round's
-    answers come back: no task of the stream's own runs.
-
-    On trouble (a chunk unanswered, or answered with a status worth another attempt), or
-    with a sink that has no rounds to join (local mode, pipelining off), a task of the
-    stream takes over, in order: later chunks wait behind it. The stream's budget is counted
-    from its last sign of life (its start, or the last chunk acknowledged): an outage
-    shorter than *budget* loses no chunk, and a dead platform costs the budget once, not
-    once per chunk. A chunk refused with a status worth another attempt is sent again after
-    the chunks already on the wire behind it, so a faulty platform can reorder (never lose)
-    chunks of one batch, and after any trouble the next batch goes one chunk at a time
-    until a batch is delivered whole; then the stream is calm again.
+    :meth:`put` does not switch tasks while fewer than :data:`STREAM_PIPELINE_DEPTH`
+    chunks wait. On trouble a task of the stream takes over, later chunks waiting behind
+    it. The stream's budget is counted from its last sign of life (its start, or the last
+    chunk acknowledged): an outage shorter than *budget* loses no chunk, and a dead
+    platform costs the budget once, not once per chunk. A chunk refused with a status
+    worth another attempt is sent again after the chunks already on their way behind it
+    (a faulty platform can reorder, never lose, chunks of one batch), and after any
+    trouble the next batch goes one chunk at a time until a batch is delivered whole.
     """
 
     def __init__(
@@ -80,23 +166,17 @@ class ChunkPoster:
     ) -> None:
         self.undelivered: list[int] = []
         self._sink = sink
-        self._convoy = sink if isinstance(sink, ChunkConvoy) else None
-        self._job_id = job_id
         self._nursery = nursery
         self._budget = budget
         self._alive = trio.current_time()
         self._pending: deque[bytes] = deque()
         self._index = 0  # of the first chunk not yet settled
-        self._batch: list[bytes] = []  # on the wire in a round, answers to come
-        self._seat: Seat | None = None
-        self._url: str | None = None  # the job's stream URL, built at the first batch
+        self._boarded = False  # a batch is in the seat, its answers to come
         self._posting = False  # a task of the stream's own posts
         self._calm = True
         self._closed = False
         self._changed: trio.Event | None = None
-        self._counted = self._convoy is not None  # among the convoy's open streams
-        if self._convoy is not None:
-            self._convoy.stream_opened()
+        self._seat = sink.open_stream(job_id, self._answered)
 
     async def put(self, body: bytes) -> None:
         """Queue *body*; waits only while the stream's backlog is full."""
@@ -107,36 +187,31 @@ class ChunkPoster:
 
     def accepts_now(self) -> bool:
         """Whether :meth:`put_now` may queue a chunk: the stream is calm, its backlog has
-        room, and its chunks go out with no task started (a batch on the wire already, or
-        a round under way to board): it may be called from outside trio's tasks."""
+        room, and its chunks go out with no task started (a batch on its way already, or a
+        sink that boards at once): it may be called from outside trio's tasks."""
         if self._closed or not self._calm or len(self._pending) >= STREAM_PIPELINE_DEPTH - 1:
             return False
-        if self._seat is not None or self._posting:
-            return True
-        return self._convoy is not None and self._convoy.boards_now()
+        return self._boarded or self._posting or self._sink.boards_now()
 
     def put_now(self, body: bytes) -> None:
         """Queue *body* (:meth:`put` without its checkpoint and its wait for room); called
         from outside trio's tasks only after :meth:`accepts_now` said yes."""
         self._pending.append(body)
-        if self._seat is None and not self._posting:
+        if not (self._boarded or self._posting):
             self._next()
 
     async def settle(self) -> None:
         """Wait until every chunk put is delivered or counted as undelivered."""
-        while self._pending or self._seat is not None or self._posting:
+        while self._pending or self._boarded or self._posting:
             await self._wait()
         self._closed = True
 
     def abandon(self) -> None:
-        """The stream is over (its job stopped): its batch on the wire is nobody's now."""
-        self._closed = True
-        if self._seat is not None and self._convoy is not None:
-            self._convoy.abandon(self._seat)
-        self._seat = None
-        if self._counted and self._convoy is not None:
-            self._counted = False
-            self._convoy.stream_closed()
+        """The stream is over (its job stopped): its batch on its way is nobody's now."""
+        if not self._seat.abandoned:
+            self._closed = True
+            self._boarded = False
+            self._sink.close_stream(self._seat)
 
     async def _wait(self) -> None:
         self._changed = changed = trio.Event()
@@ -148,66 +223,57 @@ class ChunkPoster:
             self._changed = None
 
     def _next(self) -> None:
-        """Send the chunks waiting: boarded on the convoy while calm, else by a task."""
+        """Send the chunks waiting: boarded while calm, else by a task of the stream."""
         if self._closed:
             return
         batch = take_batch(self._pending)
         self._wake()
         if not (self._calm and self._board(batch)):
             self._posting = True
-            self._nursery.start_soon(self._post, batch, None)
+            self._nursery.start_soon(self._post, batch, None, None)
 
     def _board(self, batch: list[bytes]) -> bool:
-        if self._convoy is None:
-            return False
-        if self._url is None:
-            self._url = self._convoy.stream_url(self._job_id)
-        seat = self._convoy.board(self._url, batch, self._answered)
-        if seat is None:
-            return False
-        self._batch, self._seat = batch, seat
-        return True
+        self._boarded = True  # before: a local sink answers in place
+        if self._sink.board(self._seat, batch):
+            return True
+        self._boarded = False
+        return False
 
-    def _answered(self, answers: list[HttpResponse]) -> None:
-        # In the convoy's task: it must not block.
-        batch, self._batch, self._seat = self._batch, [], None
+    def _answered(self, seat: Seat) -> None:
+        # In the sink's task (or in place): it must not block.
+        self._boarded = False
         if self._closed:
             return
-        if len(answers) == len(batch) and all(200 <= answer.status < 300 for answer in answers):
+        verdicts = seat.verdicts
+        if all(verdicts):
             self._alive = trio.current_time()
-            self._index += len(batch)
+            self._index += len(verdicts)
             if self._pending:
                 self._next()
             else:
                 self._wake()
             return
         self._posting = True
-        self._nursery.start_soon(self._post, batch, answers)
+        self._nursery.start_soon(self._post, seat.bodies, verdicts, seat.pause)
 
-    async def _post(self, batch: list[bytes], answers: list[HttpResponse] | None) -> None:
-        """The stream's own task: *batch* (with the *answers* a round gave it, if any)
-        and the batches after it, until the stream is calm or has nothing waiting."""
-        sink = self._sink
+    async def _post(
+        self, batch: list[bytes], verdicts: list[bool | None] | None, pause: float | None
+    ) -> None:
+        """The stream's own task: *batch* (with the *verdicts* its seat got, if it was
+        boarded) and the batches after it, until the stream is calm or has nothing
+        waiting."""
         try:
             while True:
-                retry_until = self._alive + self._budget
-                if answers is not None:
-                    assert self._convoy is not None
-                    verdicts = await self._convoy.verdicts(
-                        self._job_id, batch, answers, retry_until=retry_until
-                    )
-                    self._calm = all(verdict is True for verdict in verdicts)
-                elif self._calm:
-                    verdicts = await sink.send_batch(self._job_id, batch, retry_until=retry_until)
-                    self._calm = all(verdict is True for verdict in verdicts)
-                else:
+                # A batch sent one chunk at a time calms the stream if it is delivered whole.
+                self._calm = verdicts is None
+                if verdicts is None:
                     verdicts = [None] * len(batch)
-                    self._calm = True
                 for body, verdict in zip(batch, verdicts, strict=True):
                     if verdict is None:
-                        verdict = await sink.send_chunk(
-                            self._job_id, body, retry_until=self._alive + self._budget
+                        verdict = await self._sink.send_chunk(
+                            self._seat, body, retry_until=self._alive + self._budget, pause=pause
                         )
+                        pause = None
                     if verdict:
                         self._alive = trio.current_time()
                     else:
@@ -218,22 +284,9 @@ class ChunkPoster:
                     return
                 batch = take_batch(self._pending)
                 self._wake()
-                answers = None
+                verdicts = pause = None
                 if self._calm and self._board(batch):
-                    return  # calm again: the rounds carry the stream on
+                    return  # calm again: the seat carries the stream on
         finally:
             self._posting = False
             self._wake()
-
-
-def take_batch(pending: deque[bytes]) -> list[bytes]:
-    """The first chunks of *pending* (not empty), while the batch has room within the one
-    limit (:func:`~trio_worker._chunk_convoy.has_room`): the last one taken may pass the
-    byte limit by its own size."""
-    batch = [pending.popleft()]
-    size = len(batch[0])
-    while pending and has_room(len(batch), size):
-        body = pending.popleft()
-        batch.append(body)
-        size += len(body)
-    return batch

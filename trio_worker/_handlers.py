@@ -22,7 +22,6 @@ import trio
 from ._backends import unwrap_callable as _unwrap
 from ._config import DEFAULT_SYNC_CLOSE_BOUND
 from ._exceptions import exception_leaves
-from ._hand_off import HandsOffChunks
 from ._threads import ThreadCall, in_thread, run_sync
 
 if TYPE_CHECKING:
@@ -53,18 +52,6 @@ def handler_kind(fn: Callable[..., Any]) -> HandlerKind:
     if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(fn):
         return HandlerKind.ASYNC
     return HandlerKind.SYNC
-
-
-def check_cancelled() -> None:
-    """Raise ``trio.Cancelled`` in a sync handler's thread once its job has been stopped.
-
-    Call it now and then from long sync work; outside a worker thread it does nothing.
-    """
-    try:
-        trio.from_thread.check_cancelled()
-    except RuntimeError:
-        # Not in a thread started by trio: nothing can be cancelled here.
-        return
 
 
 def is_cancellation(exc: BaseException) -> bool:
@@ -100,21 +87,23 @@ class Stream:
         source: Generator[Any, Any, Any] | Iterator[Any] | AsyncIterator[Any],
         waits: Scopes,
         *,
+        backend: Backend,
         close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
     ) -> None:
         self._source = source
         self._waits = waits
+        self._backend = backend  # where an async source's chunks come from
         self._close_bound = close_bound  # Timings.sync_close_bound
 
     def __aiter__(self) -> AsyncGenerator[Any, None]:
         return self._chunks()
 
     def hand_off(self, offer: Callable[[Any], bool]) -> None:
-        """Let a source that runs apart from the reader (an async generator on the asyncio
-        host) give its chunks to *offer* while the reader waits, instead of waking it: a
-        chunk *offer* takes (True) is not read from this stream. Other sources ignore it."""
-        if isinstance(self._source, HandsOffChunks):
-            self._source.hand_off(offer)
+        """Let the chunks reach *offer* where they are yielded while the reader waits,
+        where the backend can (:meth:`Backend.hand_off`): a chunk *offer* takes (True) is
+        not read from this stream."""
+        if isinstance(self._source, AsyncIterator):
+            self._backend.hand_off(self._source, offer)
 
     async def _chunks(self) -> AsyncGenerator[Any, None]:
         source = self._source
@@ -172,5 +161,5 @@ async def call_handler(
     if isinstance(result, AsyncIterator):
         result = backend.chunks(result, close_bound=close_bound, waits=waits)
     if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
-        return Stream(result, waits, close_bound=close_bound)
+        return Stream(result, waits, backend=backend, close_bound=close_bound)
     return result

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._capture import OutputCapture, install_python_stream_attribution
+from ._chunk_posts import LocalChunks
 from ._config import Settings
 from ._exceptions import InitializationError
 from ._initializer import run_initializer
@@ -44,19 +45,13 @@ def _print(text: str) -> None:
     sys.stdout.flush()
 
 
-class StdoutChunks:
+class StdoutChunks(LocalChunks):
     """The local stand-in for the job-stream route: each chunk as ``{"stream": chunk}``."""
 
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
+    def take(self, job_id: str, body: bytes) -> None:
         # The body is what the platform would get, {"output": chunk}, already encoded and
         # checked; only its key changes for the terminal.
         _print(json.dumps({"stream": json.loads(body)["output"]}))
-        return True
-
-    async def send_batch(
-        self, job_id: str, bodies: list[bytes], *, retry_until: float
-    ) -> list[bool | None]:
-        return [await self.send_chunk(job_id, body, retry_until=0.0) for body in bodies]
 
 
 async def run_test_input(options: WorkerOptions, test_input: object) -> int:

@@ -1,49 +1,37 @@
 """Kept threads for sync user code: one hand-off each way per call (docs/how-it-works.md).
 
 A sync handler (and each step of a sync generator) runs in a thread so the event loop
-stays live. ``trio.to_thread.run_sync`` pays for generality on every call: a capacity
-limiter, its thread cache's hand-off, a message object, and the worker added one more
-wake-up of the loop to learn when an abandoned thread really ended. On a 2-core machine
-that was 140-180 µs of CPU per call, more than the rest of a no-op job (docs/benchmarks.md).
-
-Here a call costs one put into an idle thread's queue and at most one ``run_sync_soon``
-back, which both reports the outcome and says the thread has ended. Outcomes that finish
-while the loop has not yet collected earlier ones ride the message already on its way
-(:class:`_Returns`): each message is a write to trio's wake-up socket, and on a 2-core
-machine a no-op call cost 78 µs of CPU with one message per call, 56 µs with them shared
-(median of three runs of 8 tasks calling a no-op 3,000 times each; a whole sync job at
-concurrency 8 did not move beyond the noise). Threads are kept while
-they are used and leave after ``IDLE_SECONDS`` unused, as trio's own cache does.
+stays live. ``trio.to_thread.run_sync`` pays for generality on every call (a capacity
+limiter, its thread cache's hand-off, a message object); here a call costs one put into an
+idle thread's queue and at most one ``run_sync_soon`` back, which both reports the outcome
+and says the thread has ended. Outcomes that finish while the loop has not yet collected
+earlier ones ride the message already on its way (:class:`_Returns`). Threads are kept
+while they are used and leave after ``IDLE_SECONDS`` unused, as trio's own cache does.
 
 Every piece of sync user code the worker runs comes through here (:func:`run_sync`): a
 handler and each step of a sync generator (through ``_handlers.run_in_thread``, which also
 waits for an abandoned thread's end), a generator's ``close()``, a sync initializer, a sync
-fitness check (through :func:`in_thread`). One way in, so what holds inside one (below)
-holds inside all of them.
+fitness check (through :func:`in_thread`). One way in, so what holds inside one holds
+inside all of them.
 
-What trio promises inside a ``trio.to_thread`` thread holds here too, through trio's
-per-thread record of the calling task (the one ``to_thread`` fills): ``trio.from_thread``
-finds the loop without a token, and ``trio.from_thread.check_cancelled()`` (so the public
-``check_cancelled()``) raises once the waiting task is cancelled. The call is abandoned on
-cancel, as with ``abandon_on_cancel=True``: the task is woken at once, and can still wait
-for the thread's end (:attr:`ThreadCall.ended`).
-
-That record is private to trio (``trio._threads``). It is looked up once, at the first
-call, never at import, and only used when it has the shape described above; a trio
-release that renames it gets the public path instead, ``trio.to_thread.run_sync`` with
-``abandon_on_cancel=True`` (the same promises, at to_thread's cost per call), and every
-worker keeps working (``tests/test_trio_internals.py``).
+Only trio's public API is used. The call is abandoned on cancel, as with
+``abandon_on_cancel=True``: the task is woken at once (``wait_task_rescheduled``'s abort),
+and can still wait for the thread's end (:attr:`ThreadCall.ended`). The code learns of it
+through :func:`check_cancelled`, which reads the call from a context variable set in the
+call's own copy of its task's context (so a thread the code starts in a copy of that
+context sees the same call) and raises with the ``raise_cancel`` trio handed to the
+abort. The threads are the worker's, not trio's: ``trio.from_thread`` in them needs
+``trio_token=``, as in any thread trio did not start (docs/reference.md,
+``check_cancelled``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import functools
 import queue
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import outcome
 import trio
@@ -51,34 +39,41 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-
-class _TrioThreadHooks(NamedTuple):
-    """What trio.from_thread reads (see the module docstring), and the count
-    trio.testing's active_thread_count() and wait_all_threads_completed() see, as for
-    to_thread's threads."""
-
-    parent_task_data: threading.local
-    track_active_thread: Callable[[], contextlib.AbstractContextManager[object]]
-
-
-@functools.cache
-def trio_thread_hooks() -> _TrioThreadHooks | None:
-    """trio's private per-thread record and thread count, when this trio has them as the
-    kept threads use them; None otherwise (the public path, ``trio.to_thread``)."""
-    try:
-        from trio._threads import PARENT_TASK_DATA, _track_active_thread
-    except ImportError:
-        return None
-    if not (isinstance(PARENT_TASK_DATA, threading.local) and callable(_track_active_thread)):
-        return None
-    return _TrioThreadHooks(PARENT_TASK_DATA, _track_active_thread)
-
-
 IDLE_SECONDS = 10.0  # an unused kept thread leaves after this long
 DEFAULT_NAME = "trio_worker sync code"
 INITIALIZER_THREAD = "trio_worker initializer"
 
 _idle: list[_KeptThread] = []
+# The call whose code runs in this context, for check_cancelled(): set only while the call
+# runs, in the call's own copy of its task's context.
+_CALL: contextvars.ContextVar[ThreadCall | None] = contextvars.ContextVar(
+    "trio_worker_thread_call", default=None
+)
+
+
+def check_cancelled() -> None:
+    """Raise ``trio.Cancelled`` in a sync handler's thread once its job has been stopped.
+
+    Call it now and then from long sync work. It also works in a thread the handler starts
+    in a copy of its context (``contextvars.copy_context().run``), and in one that
+    ``trio.to_thread`` started; anywhere else it does nothing (docs/reference.md).
+    """
+    call = _CALL.get()
+    if call is not None:
+        raise_cancel = call.raise_cancel
+        if raise_cancel is not None:
+            raise_cancel()
+        return
+    try:
+        trio.from_thread.check_cancelled()
+    except RuntimeError:
+        return  # not a thread of trio's either: nothing can be cancelled here
+
+
+def in_kept_thread() -> bool:
+    """Whether the caller runs the code of a kept-thread call (or a thread that code
+    started in a copy of its context)."""
+    return _CALL.get() is not None
 
 
 class _Returns:
@@ -95,6 +90,8 @@ class _Returns:
         self._lock = threading.Lock()
         self._outcomes: deque[tuple[ThreadCall, outcome.Outcome[Any]]] = deque()
         self._posted = False
+        #: Calls a task is waiting for (not abandoned): read on the loop's thread.
+        self.waited = 0
 
     def put(self, call: ThreadCall, result: outcome.Outcome[Any]) -> None:
         """In a kept thread: hand *result* to the loop."""
@@ -121,15 +118,6 @@ class _Returns:
 _RETURNS: trio.lowlevel.RunVar[_Returns] = trio.lowlevel.RunVar("trio_worker_thread_returns")
 
 
-def outcomes_on_their_way() -> int:
-    """Outcomes of this run's kept-thread calls not yet collected by the loop (for the
-    property suite's lock-step harness, which must see a thread's outcome land)."""
-    try:
-        return len(_RETURNS.get()._outcomes)
-    except LookupError:
-        return 0
-
-
 def _returns() -> _Returns:
     try:
         return _RETURNS.get()
@@ -139,6 +127,24 @@ def _returns() -> _Returns:
         return returns
 
 
+def outcomes_on_their_way() -> int:
+    """Outcomes of this run's kept-thread calls not yet collected by the loop (for the
+    property suite's lock-step harness, which must see a thread's outcome land)."""
+    try:
+        return len(_RETURNS.get()._outcomes)
+    except LookupError:
+        return 0
+
+
+def calls_waited_for() -> int:
+    """This run's kept-thread calls whose task still waits for them (an abandoned call no
+    longer counts): what the property suite's harness counts as hosted threads."""
+    try:
+        return _RETURNS.get().waited
+    except LookupError:
+        return 0
+
+
 class ThreadCall:
     """One call of sync code in a kept thread, awaited by one trio task."""
 
@@ -146,14 +152,12 @@ class ThreadCall:
         "_abandoned",
         "_args",
         "_context",
-        "_finished",
         "_fn",
-        "_lock",
         "_returns",
         "_task",
-        "cancel",
         "ended",
         "name",
+        "raise_cancel",
     )
 
     def __init__(
@@ -166,71 +170,37 @@ class ThreadCall:
         self._returns = _returns()
         self._task = trio.lowlevel.current_task()
         self._abandoned = False
-        # trio.from_thread.check_cancelled reads [0]: the task's raise_cancel once cancelled.
-        self.cancel: list[Any] = [None]
+        #: Once the waiting task is cancelled: raises its cancellation (check_cancelled).
+        self.raise_cancel: Callable[[], object] | None = None
         #: Set when the thread has returned, for a task that was cancelled while it ran.
         self.ended: trio.Event | None = None
-        # The public path's record of the thread's end (see _run_sync_public).
-        self._lock: threading.Lock | None = None
-        self._finished = False
 
-    def run(self, hooks: _TrioThreadHooks) -> outcome.Outcome[Any]:
+    def run(self) -> outcome.Outcome[Any]:
         """In the kept thread: run the code."""
-        record = hooks.parent_task_data
-        record.token = self._returns.token
-        record.abandon_on_cancel = True
-        record.cancel_register = self.cancel
-        record.task_register = [self._task]
+        return outcome.capture(self._context.run, self._run_here)
+
+    def _run_here(self) -> Any:
+        # Reset after the call, so the context does not keep the call alive (nor the call
+        # its context); a copy the code made meanwhile keeps its own reference.
+        token = _CALL.set(self)
         try:
-            result: outcome.Outcome[Any] = outcome.Value(self._context.run(self._fn, *self._args))
-        except BaseException as exc:
-            result = outcome.Error(exc)
+            return self._fn(*self._args)
         finally:
-            del record.token, record.abandon_on_cancel
-            del record.cancel_register, record.task_register
-        return result
-
-    def run_in_to_thread(self) -> outcome.Outcome[Any]:
-        """In a ``trio.to_thread`` thread (the public path): run the code, then say the
-        thread has ended to a task that was cancelled meanwhile."""
-        result = outcome.capture(self._context.run, self._fn, *self._args)
-        assert self._lock is not None
-        with self._lock:
-            self._finished = True
-            abandoned = self._abandoned
-        if abandoned:
-            with contextlib.suppress(trio.RunFinishedError):
-                self._returns.token.run_sync_soon(self._set_ended)
-        return result
-
-    def abandon(self) -> None:
-        """On the loop's thread (the public path): the waiting task was cancelled."""
-        assert self._lock is not None
-        with self._lock:
-            self._abandoned = True
-            self.ended = trio.Event()
-            if self._finished:
-                self.ended.set()
-
-    def _set_ended(self) -> None:
-        if self.ended is not None:
-            self.ended.set()
-
-    def report(self, result: outcome.Outcome[Any]) -> None:
-        """In the kept thread: hand the outcome to the loop (which also learns the end)."""
-        self._returns.put(self, result)
+            _CALL.reset(token)
 
     def deliver(self, result: outcome.Outcome[Any]) -> None:
         """On the loop's thread: wake the waiting task, or say an abandoned call ended."""
         if self._abandoned:
             if self.ended is not None:
                 self.ended.set()
-        else:
-            trio.lowlevel.reschedule(self._task, result)
+            return
+        self._returns.waited -= 1
+        trio.lowlevel.reschedule(self._task, result)
 
-    def _abort(self, raise_cancel: Any) -> trio.lowlevel.Abort:
+    def _abort(self, raise_cancel: Callable[[], object]) -> trio.lowlevel.Abort:
         self._abandoned = True
-        self.cancel[0] = raise_cancel
+        self._returns.waited -= 1
+        self.raise_cancel = raise_cancel
         self.ended = trio.Event()
         return trio.lowlevel.Abort.SUCCEEDED
 
@@ -242,32 +212,10 @@ async def run_sync(call: ThreadCall) -> Any:
     on; ``call.ended`` is set when it returns). The caller checks for a cancellation
     before, if one that landed first must keep the code from starting.
     """
-    hooks = trio_thread_hooks()
-    if hooks is None:
-        return await _run_sync_public(call)
-    thread = _idle.pop() if _idle else _KeptThread(hooks)
-    with hooks.track_active_thread():
-        thread.inbox.put(call)
-        return await trio.lowlevel.wait_task_rescheduled(call._abort)
-
-
-async def _run_sync_public(call: ThreadCall) -> Any:
-    """:func:`run_sync` on trio's public API alone, for a trio without the hooks."""
-    call._lock = threading.Lock()
-    try:
-        await trio.lowlevel.checkpoint_if_cancelled()
-    except trio.Cancelled:
-        call._finished = True  # it never starts: nothing to wait for
-        call.abandon()
-        raise
-    try:
-        result: outcome.Outcome[Any] = await trio.to_thread.run_sync(
-            call.run_in_to_thread, abandon_on_cancel=True, thread_name=call.name or DEFAULT_NAME
-        )
-    except trio.Cancelled:
-        call.abandon()
-        raise
-    return result.unwrap()
+    thread = _idle.pop() if _idle else _KeptThread()
+    call._returns.waited += 1
+    thread.inbox.put(call)
+    return await trio.lowlevel.wait_task_rescheduled(call._abort)
 
 
 async def in_thread(fn: Callable[..., Any], *args: Any, name: str | None = None) -> Any:
@@ -279,8 +227,7 @@ async def in_thread(fn: Callable[..., Any], *args: Any, name: str | None = None)
 
 
 class _KeptThread:
-    def __init__(self, hooks: _TrioThreadHooks) -> None:
-        self._hooks = hooks
+    def __init__(self) -> None:
         self.inbox: queue.SimpleQueue[ThreadCall] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=DEFAULT_NAME, daemon=True)
         self._thread.start()
@@ -296,14 +243,14 @@ class _KeptThread:
                     continue  # taken off the idle list just now: its call is on the way
                 return
             if call.name is None:
-                result = call.run(self._hooks)
+                result = call.run()
             else:
                 self._thread.name = call.name
                 try:
-                    result = call.run(self._hooks)
+                    result = call.run()
                 finally:
                     self._thread.name = DEFAULT_NAME
             # Idle again before the loop hears of the outcome, so the task woken by it
             # finds this thread free for its next call.
             _idle.append(self)
-            call.report(result)
+            call._returns.put(call, result)

@@ -32,7 +32,7 @@ class InitExpectation:
 
 
 # How long the worker waits for a cancelled asyncio initializer (await_on_asyncio's
-# cancel_bound in trio_worker/_asyncio_host.py) before giving up on it.
+# cancel_bound in trio_worker/_backends/_asyncio.py) before giving up on it.
 ASYNCIO_INIT_CANCEL_BOUND = 5.0
 
 

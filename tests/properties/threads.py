@@ -18,7 +18,7 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
   its way to the loop (in a message of its own, or added to one already queued: kept
   threads share one, ``trio_worker/_threads.py``) before the loop runs on.
 * **Thread starts.** A thread the worker starts is seen at once: an instrument blocks the
-  trio thread after the step that started it (``trio.testing.active_thread_count`` grew)
+  trio thread after the step that started it (``calls_waited_for`` grew)
   until the thread parks on the baton, or has posted its result (``close()`` of a finished
   generator runs none of our code).
 * **The clock.** The service is the autojump: when every task is blocked and no thread is
@@ -26,15 +26,15 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
   on the asyncio host, the loop's next timer: the clock is then a
   ``HostLoopClock(autojump=False)``, ``tests/backends.py``, under which
   ``wait_all_tasks_blocked`` returns only once the host loop is idle too).
-* **Abandonment.** The worker starts every thread with ``abandon_on_cancel=True``: a
-  cancelled host task stops counting in ``active_thread_count`` at once. When the count falls
+* **Abandonment.** The worker abandons a thread when its host task is cancelled: that
+  call stops counting in ``calls_waited_for`` at once. When the count falls
   below the threads the baton believes hosted, each parked thread is *probed*: it calls
   ``check_cancelled()`` (in lock-step) and learns it was abandoned. A cooperative thread then
   stops (``trio.Cancelled`` from ``check_cancelled()``); one that ignores cancellation parks on.
 
-Beyond the count of kept-thread outcomes on their way (``outcomes_on_their_way``), only
-public trio API is used: ``to_thread``/``from_thread.check_cancelled``,
-``trio.testing.active_thread_count``/``wait_all_tasks_blocked``/``MockClock.jump``,
+Beyond the kept threads' own counts (``calls_waited_for``, ``outcomes_on_their_way``) and
+their record of the call they run (``in_kept_thread``), only public trio API is used:
+``trio.testing.wait_all_tasks_blocked``/``MockClock.jump``,
 ``trio.lowlevel.current_statistics`` and ``add_instrument`` (on the asyncio host, the
 ``HostLoopClock`` reads the loop's private ready queue and timers).
 """
@@ -51,7 +51,7 @@ import trio
 import trio.testing
 
 import trio_worker
-from trio_worker._threads import outcomes_on_their_way
+from trio_worker._threads import calls_waited_for, in_kept_thread, outcomes_on_their_way
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -171,7 +171,7 @@ class Baton(trio.abc.Instrument):
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._before = (
-            trio.testing.active_thread_count(),
+            calls_waited_for(),
             self._entered,
             _queued(),
             outcomes_on_their_way(),
@@ -179,7 +179,7 @@ class Baton(trio.abc.Instrument):
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         count, entered, queued, on_way = self._before
-        if trio.testing.active_thread_count() <= count:
+        if calls_waited_for() <= count:
             return
         # The step started a thread: let it reach the baton (or post its result) first.
         self._until(
@@ -222,7 +222,7 @@ class Baton(trio.abc.Instrument):
                 if t.wake_at is None:
                     t.wake_at = now + t.delay
             hosted = sorted((t for t in live if t.hosted), key=lambda t: t.key)
-            if trio.testing.active_thread_count() < len(hosted):
+            if calls_waited_for() < len(hosted):
                 for t in hosted:
                     self._resume(t, _Probe(now))
                 return True
@@ -263,7 +263,7 @@ class Baton(trio.abc.Instrument):
             return True
         with self._cond:
             hosted = sum(1 for t in self._live() if t.hosted)
-        return trio.testing.active_thread_count() > hosted
+        return calls_waited_for() > hosted
 
     def _jump(self) -> None:
         with self._cond:
@@ -294,13 +294,7 @@ def _still_hosted() -> bool:
 def in_worker_thread() -> bool:
     """True in a thread the worker started (not when the garbage collector closes a
     generator on the trio thread or after the run)."""
-    try:
-        trio.from_thread.check_cancelled()
-    except RuntimeError:
-        return False
-    except trio.Cancelled:
-        return True
-    return True
+    return in_kept_thread()
 
 
 class Lane:

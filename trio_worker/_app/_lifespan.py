@@ -22,8 +22,7 @@ import trio
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, MutableMapping
 
-    from .._asyncio_host import Holds
-    from .._backends import Backend
+    from .._backends import Backend, Holds
     from ._loops import AppLoop
 
     Message = MutableMapping[str, Any]

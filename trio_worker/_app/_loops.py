@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
     from hypercorn.config import Config
 
-    from .._asyncio_host import Holds
-    from .._backends import Backend
+    from .._backends import Backend, Holds
 
 __all__ = ["SERVER_CLOSE_BOUND", "AppEvent", "AppLoop", "Cancellable", "app_loop", "server_config"]
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._backends import BACKENDS
+from .._chunk_posts import LocalChunks
 from .._config import Settings
 from .._exceptions import ConfigurationError
 from .._exit import watched_process
@@ -158,16 +159,11 @@ def _job(body: bytes) -> tuple[HeldJob | None, list[dict[str, Any]]]:
     return HeldJob(payload["id"], payload), []
 
 
-class _Discarded:
+class _Discarded(LocalChunks):
     """Where a streaming handler's chunks go: its answer is the final report."""
 
-    async def send_chunk(self, job_id: str, body: bytes, *, retry_until: float) -> bool:
-        return True
-
-    async def send_batch(
-        self, job_id: str, bodies: list[bytes], *, retry_until: float
-    ) -> list[bool | None]:
-        return [True] * len(bodies)
+    def take(self, job_id: str, body: bytes) -> None:
+        pass
 
 
 def serve_realtime(options: WorkerOptions, port: int) -> int:

@@ -7,7 +7,7 @@ is spent. A sync check runs in a thread of its own that is abandoned at the boun
 process exits soon after, through ``os._exit``, so the thread cannot hold it); an async one
 runs on the worker's backend, as the handler would, and one that swallows its cancellation
 is left behind a second after its bound, as on asyncio (on trio it has a run of its own,
-:meth:`~trio_worker._backends.TrioBackend.await_result`). Whatever a check raises fails it,
+:meth:`~trio_worker._backends._trio.TrioBackend.await_result`). Whatever a check raises fails it,
 a ``BaseException`` of its own included; the processes it leaves running are ended.
 """
 

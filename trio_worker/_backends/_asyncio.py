@@ -1,15 +1,9 @@
-"""The asyncio backend: trio as a guest on an asyncio host loop (docs/how-it-works.md).
+"""The asyncio backend: async handlers run as asyncio tasks on one loop that lives as long
+as the worker, with the worker's trio run as its guest (``_host.py``; docs/how-it-works.md,
+the asyncio backend).
 
-With ``async_backend="asyncio"`` the process runs ``asyncio.run()``, and the supervisor (the
-same trio code as on the trio backend) runs inside it through
-``trio.lowlevel.start_guest_run``: trio's ticks are callbacks of the asyncio loop, on the
-same thread. Every async initializer, async handler and async generator then runs as an
-asyncio task on that one loop, which lives as long as the worker, so an engine built in the
-initializer (its background tasks, futures and queues bound to the loop) serves every job.
-
-A trio task waits for such an asyncio task on a ``trio.Event`` set by the task's done
-callback; when the trio scope is cancelled (a stop, the shutdown, ``init_timeout``) the
-asyncio task is cancelled and awaited, so the user's code sees ``asyncio.CancelledError``.
+Imported only when a worker asks for this backend (``BACKENDS``): a trio-backend worker
+never imports asyncio.
 """
 
 from __future__ import annotations
@@ -19,187 +13,97 @@ import collections
 import contextlib
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+import math
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from ._exceptions import ConfigurationError
-from ._guest_tick import HostCallSoon
-from ._guest_tick import install as install_guest_tick
-from ._hand_off import HandsOffChunks
-from ._threads import INITIALIZER_THREAD, in_thread
+from .._exceptions import TrioUnderAsyncio
+from .._threads import INITIALIZER_THREAD, in_thread
+from ._host import escaped_exits_to, host_loop, host_run
+from ._interface import TRIO_DIR, TRIO_HINTS, Backend, hinted, makes_coroutine
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-    from contextlib import AbstractContextManager
+
+    from ._interface import Holds, Initializer
 
 log = logging.getLogger("trio_worker")
 
 T = TypeVar("T")
-
-
-class Holds(Protocol):
-    """Where a cancelled caller waits for code that has not ended yet (``Scopes``):
-    never past the end of the shutdown grace."""
-
-    def shielded(self, bound: float = ...) -> AbstractContextManager[trio.CancelScope]: ...
-
-    def bounded(self, bound: float) -> AbstractContextManager[trio.CancelScope]: ...
-
 
 # Chunks an async generator may run ahead of the trio side (which has its own bounded
 # pipeline behind it); one wake-up of the trio side then moves a whole batch.
 PUMP_DEPTH = 64
 
 
-def host_run(
-    async_fn: Callable[..., Awaitable[T]],
-    *args: Any,
-    clock: trio.abc.Clock | None = None,
-    instruments: tuple[trio.abc.Instrument, ...] = (),
-) -> T:
-    """:func:`trio_worker.run_asyncio_host`: ``trio.run(async_fn, *args)`` as the guest of
-    a new asyncio loop (the public function lives in ``_backends``, which imports this
-    module only when it is called)."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        main = loop.create_task(_host_main(async_fn, args, clock, instruments))
-        return _run_through_escapes(loop, main)
-    finally:
-        try:
-            _end_leftovers(loop)
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
+class AsyncioBackend(Backend):
+    """Async handlers, async generators and an async initializer's coroutine run as tasks
+    of the host loop, where the engines they build find it."""
 
+    name = "asyncio"
+    round_linger = 0.003
 
-# Per host loop: what a worker served on it does with a SystemExit or KeyboardInterrupt
-# that left the loop (see _run_through_escapes).
-_EXIT_SINKS: dict[asyncio.AbstractEventLoop, list[Callable[[BaseException], bool]]] = {}
+    def run(self, async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return host_run(async_fn, *args)
 
+    def check_host(self) -> None:
+        host_loop()
 
-@contextlib.contextmanager
-def escaped_exits_to(sink: Callable[[BaseException], bool]) -> Iterator[None]:
-    """While the block runs, a SystemExit or KeyboardInterrupt raised in an asyncio task
-    of the user's own (one a handler started, not the handler's coroutine) goes to *sink*,
-    and the host loop goes on, rather than the loop ending under the worker. *sink* says
-    whether it took the exit (a worker already ended cannot)."""
-    loop = host_loop()
-    sinks = _EXIT_SINKS.setdefault(loop, [])
-    sinks.append(sink)
-    try:
-        yield
-    finally:
-        sinks.remove(sink)
-        if not sinks:
-            del _EXIT_SINKS[loop]
+    def thread_handoff(self, token: trio.lowlevel.TrioToken) -> Callable[..., object]:
+        # A thread's result (asyncio.to_thread, an executor) reaches the handler's task
+        # through the loop's own queue, after this call, so the job cannot end first;
+        # trio's queue keeps no order with the loop's.
+        return host_loop().call_soon_threadsafe
 
+    def initializer(self, initializer: Initializer | None, waits: Holds) -> Initializer | None:
+        if initializer is None:
+            return None
+        return asyncio_initializer(initializer, is_async=makes_coroutine(initializer), waits=waits)
 
-def _run_through_escapes(loop: asyncio.AbstractEventLoop, main: asyncio.Task[T]) -> T:
-    """Run the loop until *main* is done.
+    async def await_result(
+        self, awaitable: Awaitable[Any], waits: Holds, *, cancel_bound: float = math.inf
+    ) -> Any:
+        # A handler's is held like a sync handler's thread: until it ends or the grace does.
+        return await await_on_asyncio(awaitable, waits=waits, cancel_bound=cancel_bound)
 
-    asyncio lets a SystemExit or KeyboardInterrupt raised in a task out of the loop at
-    once (the task keeps it as its exception, for whoever awaits it). The handlers' own
-    coroutines are wrapped against that (:func:`_contained`), but not a task a handler
-    starts. The first such exit is handed to the worker serving on this loop, which shuts
-    down within its grace and then raises it (the handler that awaits the task also sees
-    it, and its job is reported with the exit status); the loop resumes meanwhile. A second
-    one (a second Ctrl-C), or one with no worker to tell, ends the loop at once as before.
-    """
-    handed = False
-    while True:
-        try:
-            return loop.run_until_complete(main)
-        except (SystemExit, KeyboardInterrupt) as exc:
-            if main.done() or handed:
-                raise
-            # Every sink is told (several workers may share a loop in tests).
-            told = [sink(exc) for sink in _EXIT_SINKS.get(loop, ())]
-            if not any(told):
-                raise
-            handed = True
+    def chunks(
+        self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds
+    ) -> AsyncIterator[Any]:
+        return AsyncioChunks(source, close_bound=close_bound, waits=waits)
 
+    def hand_off(self, chunks: AsyncIterator[Any], offer: Callable[[Any], bool]) -> None:
+        if isinstance(chunks, AsyncioChunks):  # else not made here: nothing to hand off
+            chunks.offer = offer
 
-# How long the tasks the user's code left on the loop (an engine's background loop) get to
-# finish once cancelled. asyncio.run() would wait for them without end, so one task that
-# swallows its cancellation would keep the process from ever exiting.
-LEFTOVER_BOUND = 1.0
+    @contextlib.contextmanager
+    def exits_from_user_tasks(
+        self, request_exit: Callable[[SystemExit | KeyboardInterrupt], None]
+    ) -> Iterator[None]:
+        # A sys.exit() in an asyncio task a handler started shuts the worker down as the
+        # handler's own would (docs/how-it-works.md, the asyncio backend).
+        token = trio.lowlevel.current_trio_token()
 
+        def sink(exc: BaseException) -> bool:
+            assert isinstance(exc, SystemExit | KeyboardInterrupt)
+            try:
+                token.run_sync_soon(request_exit, exc)
+            except trio.RunFinishedError:
+                return False  # the host loop then ends with it at once
+            return True
 
-def _end_leftovers(loop: asyncio.AbstractEventLoop) -> None:
-    tasks = asyncio.all_tasks(loop)
-    for task in tasks:
-        task.cancel()
-    if tasks:
-        _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=LEFTOVER_BOUND))
-        if pending:
-            log.warning("%d asyncio task(s) ignored their cancellation at exit", len(pending))
-    for task in tasks:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: the worker is ending either way
-    try:
-        loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), LEFTOVER_BOUND))
-    except TimeoutError:
-        log.warning("async generators still closing at exit")
+        with escaped_exits_to(sink):
+            yield
 
-
-async def _host_main(
-    async_fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    clock: trio.abc.Clock | None,
-    instruments: tuple[trio.abc.Instrument, ...],
-) -> T:
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[Any] = loop.create_future()
-    guest_scope: list[trio.CancelScope] = []
-    token: list[trio.lowlevel.TrioToken] = []
-
-    async def guest_main() -> T:
-        token.append(trio.lowlevel.current_trio_token())
-        with trio.CancelScope() as scope:
-            guest_scope.append(scope)
-            return await async_fn(*args)
-        raise trio.Cancelled._create()  # the host was cancelled (Ctrl-C under asyncio.run)
-
-    install_guest_tick()
-    trio.lowlevel.start_guest_run(
-        guest_main,
-        run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-        # trio's idle waits happen on this loop, not in a helper thread (._guest_tick).
-        run_sync_soon_not_threadsafe=HostCallSoon(loop),
-        done_callback=done.set_result,
-        # asyncio installs its own wakeup fd when signal handlers are added to the loop.
-        host_uses_signal_set_wakeup_fd=True,
-        clock=clock,
-        instruments=instruments,
-    )
-    while True:
-        try:
-            outcome = await asyncio.shield(done)
-            break
-        except asyncio.CancelledError:
-            # The trio run must end before the host loop does: cancel it and keep waiting.
-            if token and guest_scope:
-                token[0].run_sync_soon(guest_scope[0].cancel)
-    result: T = outcome.unwrap()
-    return result
-
-
-def host_loop() -> asyncio.AbstractEventLoop:
-    """The asyncio loop hosting this trio run.
-
-    Raises:
-        ConfigurationError: trio is not running as a guest of asyncio.
-    """
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        raise ConfigurationError(
-            'async_backend="asyncio" needs an asyncio event loop hosting trio: use '
-            "trio_worker.start(), or run serve() with trio_worker.run_asyncio_host(...) "
-            "instead of trio.run(...)"
-        ) from None
+    def explain(self, exc: BaseException) -> BaseException:
+        return hinted(
+            exc,
+            family_dir=TRIO_DIR,
+            hints=TRIO_HINTS,
+            cls=TrioUnderAsyncio,
+            advice="trio code ran on asyncio, the worker's backend for async code; trio code"
+            ' needs async_backend="trio"',
+        )
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
@@ -266,7 +170,12 @@ async def await_on_asyncio(
     finished = trio.Event()
     task.add_done_callback(lambda _: finished.set())
     try:
-        await finished.wait()
+        # The task's first step runs at the loop's next turn, before trio's next tick: a
+        # coroutine that ends in it (a quick handler) is taken then, and trio need not
+        # wait in its helper thread to be woken for it (docs/how-it-works.md).
+        await trio.lowlevel.checkpoint()
+        if not task.done():
+            await finished.wait()
     except trio.Cancelled:
         task.cancel()
         task.add_done_callback(_retrieved)  # now, or once it ends after we stop waiting
@@ -310,14 +219,14 @@ async def _call(fn: Callable[[], Any]) -> None:
         await result
 
 
-class AsyncioChunks(HandsOffChunks):
+class AsyncioChunks:
     """An async generator running on the asyncio host, read from trio.
 
     One asyncio task pumps the generator into a bounded buffer and wakes the trio reader
     only when it waits, so a burst of chunks costs one wake-up, not one task per chunk.
-    A chunk yielded while the reader waits with nothing buffered goes to the reader's
-    :meth:`hand_off` first, in the pump itself: paced chunks (a token at a time) then
-    wake no trio task of their own (docs/how-it-works.md, the asyncio backend).
+    A chunk yielded while the reader waits with nothing buffered goes to :attr:`offer`
+    first (``Backend.hand_off``), in the pump itself: paced chunks (a token at a time)
+    then wake no trio task of their own (docs/how-it-works.md, the asyncio backend).
     ``aclose()`` cancels the pump (the generator sees ``asyncio.CancelledError`` where it
     waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup:
     *close_bound* seconds at most, and no later than the end of the shutdown grace
@@ -332,7 +241,8 @@ class AsyncioChunks(HandsOffChunks):
         self._room = asyncio.Event()
         self._reader: trio.Event | None = None
         self._finished = trio.Event()
-        self._offer: Callable[[Any], bool] | None = None
+        #: Where a chunk goes first while the reader waits (None: to the reader).
+        self.offer: Callable[[Any], bool] | None = None
         self._task = host_loop().create_task(_contained(self._pump()))
         self._task.add_done_callback(lambda _: self._wake_reader(finished=True))
 
@@ -359,9 +269,6 @@ class AsyncioChunks(HandsOffChunks):
             if aclose is not None:
                 await aclose()
 
-    def hand_off(self, offer: Callable[[Any], bool]) -> None:
-        self._offer = offer
-
     def _offered(self, chunk: Any) -> bool:
         # Only while the reader waits with nothing buffered: every chunk before this one
         # has then been through the reader's hands, so order holds. A cancelled reader has
@@ -369,11 +276,11 @@ class AsyncioChunks(HandsOffChunks):
         # cancelled), so a stopped stream takes nothing more this way.
         reader = self._reader
         return (
-            self._offer is not None
+            self.offer is not None
             and reader is not None
             and not self._buffer
             and reader.statistics().tasks_waiting > 0
-            and self._offer(chunk)
+            and self.offer(chunk)
         )
 
     def __aiter__(self) -> AsyncioChunks:
