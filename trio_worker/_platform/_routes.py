@@ -70,8 +70,8 @@ class ProxyRoutes:
             return self._direct
         backend = self._proxied.get(proxy.url)
         if backend is None:
-            # Only here, when some origin needs a proxy: httpx costs a worker that never
-            # uses it ~30 ms of start-up (python -X importtime).
+            # Only here, when some origin needs a proxy: importing httpx costs start-up time
+            # (docs/benchmarks.md) that a worker which never uses it should not pay.
             from ._proxy import proxy_backend
 
             backend = self._proxied[proxy.url] = proxy_backend(
