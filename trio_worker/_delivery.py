@@ -35,7 +35,7 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -72,7 +72,7 @@ class Delivery:
         # (``_watch``, docs/design.md §13.2); installed by the supervisor when watched.
         self.finals: Records | None = None
         self.payloads = payloads
-        self.progress = ProgressPosts(settings, plan, self.post)
+        self.progress = ProgressPosts(settings, plan, self)
         # The jobs whose terminal report is in flight, and when each began.
         self._reporting: dict[str, float] = {}
 
@@ -222,20 +222,6 @@ def _asks_stop_pod(body: bytes) -> bool:
 ENDED_KEPT = 4096
 
 
-class Post(Protocol):
-    """The delivery's retry policy (:meth:`~trio_worker._delivery.Delivery.post`)."""
-
-    async def __call__(
-        self,
-        url: str,
-        body: bytes,
-        *,
-        job_id: str,
-        outcome: ReportOutcome,
-        superseded: Callable[[], bool] | None = None,
-    ) -> None: ...
-
-
 @dataclass
 class _Progress:
     """One job's progress posts: the task posting them, and the newest update waiting."""
@@ -246,11 +232,11 @@ class _Progress:
 
 
 class ProgressPosts:
-    def __init__(self, settings: Settings, plan: Scopes, post: Post) -> None:
+    def __init__(self, settings: Settings, plan: Scopes, delivery: Delivery) -> None:
         self.settings = settings
         self.timings = settings.timings
         self.plan = plan
-        self._post = post
+        self._delivery = delivery  # its post(): the one retry policy
         self._progress: dict[str, _Progress] = {}
         # Jobs whose final report has started: no update is accepted for them any more.
         self.closed: set[str] = set()
@@ -301,7 +287,7 @@ class ProgressPosts:
                     outcome = ReportOutcome()
                     rule = functools.partial(_progress_end, trio.current_time() + budget)
                     with self.plan.open_scope(rule):
-                        await self._post(
+                        await self._delivery.post(
                             url, update, job_id=job_id, outcome=outcome, superseded=superseded
                         )
                     if not outcome.delivered and progress.pending is None:
