@@ -7,7 +7,7 @@ platform has its terminal report. Prints the modules in order of first entry, an
 number of calls that cross from one module into another (a figure that varies by a few
 between runs: a take may or may not be re-issued inside the window).
 
-    PYTHONPATH=. python scripts/module_walk.py
+    python scripts/module_walk.py   (with the package installed, as tox installs it)
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ async def walk(handler: Any, *, stream: bool) -> Recorder:
                     open_stream=opener,
                     heartbeat="off",
                     handle_signals=False,
-                    capture_logs="off",
+                    capture_logs="on",  # the default: a job's output is captured
                     task_status=task_status,
                 )
             )
