@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
-import pytest
+import logging
 
+import pytest
+import trio
+
+from tests.conftest import serve_in_process
 from trio_worker._job import Capacity, StopMemory
+from trio_worker.testing import FakePlatform
 
 
 def test_stop_memory_consumes_once() -> None:
@@ -65,3 +70,35 @@ def test_capacity_callable_that_raises_keeps_the_current_value() -> None:
     capacity = Capacity(wanted)
     assert capacity.evaluate() == 4
     assert capacity.evaluate() == 4
+
+
+@pytest.mark.parametrize("broken", ["raises", "returns 0"])
+async def test_a_broken_concurrency_callable_is_one_log_line_not_one_per_take(
+    broken: str,
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+    virtual_clock: trio.abc.Clock,
+) -> None:
+    # It is asked before every take; the worker keeps its last good value and goes on,
+    # and says so once, not once per take (a worker takes thousands of jobs a minute).
+    caplog.set_level(logging.ERROR, logger="trio_worker")
+
+    def concurrency(current: int) -> int:
+        if broken == "raises":
+            raise RuntimeError("the modifier is broken")
+        return 0
+
+    platform = FakePlatform(take_hold=0.05)
+    handle = await nursery.start(
+        serve_in_process(platform, lambda job: job["input"], concurrency=concurrency)
+    )
+    ids = [platform.enqueue(n) for n in range(20)]
+    with trio.fail_after(30):
+        for job_id in ids:
+            assert (await platform.wait_for_status(job_id)).status == "COMPLETED"
+    complaints = [r for r in caplog.records if "concurrency callable" in r.getMessage()]
+    assert len(complaints) == 1, [r.getMessage() for r in complaints]
+    assert complaints[0].getMessage().endswith("keeping 1")
+    if broken == "raises":
+        assert complaints[0].exc_info is not None  # the first one carries the traceback
+    handle.shutdown()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._handlers import is_cancellation
+from ._pacing import FoldedLog
 from ._scopes import at_grace_end
 from ._state import (
     ADMISSION_EVENTS,
@@ -386,6 +387,8 @@ class Capacity:
         self._fn = concurrency if callable(concurrency) else None
         self.value = 1 if callable(concurrency) else concurrency
         self.slots = Slots(self.value)
+        # It is asked before every take: a broken one would write a line per take.
+        self._complaints = FoldedLog(log)
 
     def evaluate(self) -> int:
         if self._fn is None:
@@ -393,12 +396,14 @@ class Capacity:
         try:
             wanted = self._fn(self.value)
         except Exception:
-            log.exception("concurrency callable raised; keeping %d", self.value)
+            message = "concurrency callable raised; keeping %d"
+            self._complaints.log(logging.ERROR, message, self.value, exc_info=True)
             return self.value
         if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 1:
             self.value = self.slots.total = wanted
         else:
-            log.error("concurrency callable returned %r; keeping %d", wanted, self.value)
+            message = "concurrency callable returned %r; keeping %d"
+            self._complaints.log(logging.ERROR, message, wanted, self.value)
         return self.value
 
 

@@ -109,7 +109,8 @@ class FoldedLog:
         # Keyed by (level, format): code writes a bounded set of formats.
         self._folds: dict[tuple[int, str], _Fold] = {}
 
-    def log(self, level: int, msg: str, *args: object) -> None:
+    def log(self, level: int, msg: str, *args: object, exc_info: bool = False) -> None:
+        """*exc_info*: the exception being handled goes with the line, when it is written."""
         now = self._clock()
         fold = self._folds.get((level, msg))
         if fold is not None and now - fold.since < self._window:
@@ -119,4 +120,4 @@ class FoldedLog:
         if fold is not None and fold.repeats:
             args = (*args, fold.repeats, now - fold.since)
             msg = f"{msg} (%d more like it in the last %.0fs)"
-        self._logger.log(level, msg, *args)
+        self._logger.log(level, msg, *args, exc_info=exc_info)
