@@ -42,6 +42,7 @@ from ._initializer import run_initializer
 from ._job import Capacity, JobDriver, StopMemory
 from ._pacing import FoldedLog, backoff_delay, rate_limit_wait
 from ._payloads import JobError
+from ._progress_calls import warn_too_late
 from ._scopes import at_take_end, when_stopping
 from ._state import Ledger, WorkerPhase
 
@@ -355,7 +356,11 @@ class Supervisor:
     def spawn_progress(self, job_id: str, body: bytes) -> None:
         """Post a progress update in the background; must run on the trio thread."""
         if job_id not in self.ledger or self._jobs is None:
-            log.warning("progress_update for job %s, which is not running; ignored", job_id)
+            # Handed over while the job was held, it may have ended on the way here.
+            if self.delivery.progress.ended(job_id):
+                warn_too_late(job_id)
+            else:
+                log.warning("progress_update for job %s, which is not running; ignored", job_id)
             return
         self.delivery.progress.spawn(self._jobs, job_id, body)
 
