@@ -30,7 +30,8 @@ async def run_script_job(script: Path, job_input: dict[str, object]) -> tuple[Jo
             for k, v in os.environ.items()
             if not k.startswith("RUNPOD_") and not k.upper().endswith("_PROXY")
         }
-        env.update(platform.worker_env(url, ping_interval_ms=200), PYTHONPATH=str(REPO))
+        env.update(platform.worker_env(url, ping_interval_ms=200))
+        env.pop("PYTHONPATH", None)  # the installed package, as a user runs it
         worker = await trio.lowlevel.open_process(
             [sys.executable, str(script)],
             env=env,

@@ -164,7 +164,7 @@ def test_the_one_dict_and_keyword_forms_run_asyncio_code_alike_in_local_mode(
         script.write_text(OWN_ERRORS_AS_OUTPUT.replace(OWN_ERRORS_AS_OUTPUT.split("\n")[-2], start))
         done = subprocess.run(
             [sys.executable, str(script), "--test_input", '{"input": {"text": "hi"}}'],
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # as installed
             capture_output=True,
             text=True,
             timeout=WAIT,

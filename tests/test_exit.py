@@ -49,7 +49,7 @@ def run_child(source: str) -> tuple[subprocess.CompletedProcess[bytes], float]:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", source],
-        env={"PYTHONPATH": str(REPO)},
+        env={},  # the installed package, as a user runs it
         capture_output=True,
         timeout=30,
         check=False,

@@ -17,7 +17,7 @@ import trio
 from trio_worker.testing import FakePlatform, Fault, run_platform_server
 
 from ..conftest import Platform
-from .conftest import REPO, Spawn
+from .conftest import Spawn
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ async def test_a_platform_gone_for_a_while_gets_the_result_when_back(
 
     job_id = fake.enqueue({"seconds": 0.5})
     url = await nursery.start(serve_twice)
-    env = {**fake.worker_env(url, ping_interval_ms=200), "PYTHONPATH": str(REPO)}
+    env = fake.worker_env(url, ping_interval_ms=200)
     worker = await spawn({**_clean_env(), **env, "TW_HANDLER": "slow_async"})
     with trio.fail_after(30):
         await gone.wait()
@@ -114,4 +114,5 @@ async def test_at_shutdown_a_pending_result_is_retried_through_the_grace_then_lo
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
+    not_ours = ("RUNPOD_", "TW_", "PYTHONPATH")  # the installed package, as a user runs it
+    return {k: v for k, v in os.environ.items() if not k.startswith(not_ours)}
