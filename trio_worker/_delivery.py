@@ -149,7 +149,7 @@ class Delivery:
         self.progress.closed.add(job_id)
         self._reporting[job_id] = started
         try:
-            deadline = self.plan.report_deadline(started)
+            deadline = self.plan.state.report_deadline(started)
             with trio.CancelScope(shield=True, deadline=deadline) as scope:
                 self.plan.bind(scope, lambda state: state.report_deadline(started))
                 try:

@@ -57,8 +57,6 @@ def at_take_end(state: WorkerState) -> float:
 class Scopes:
     """The deadline registry of one worker, over its :class:`WorkerState`."""
 
-    when_stopping = staticmethod(when_stopping)
-
     def __init__(self, timings: Timings, state: WorkerState | None = None) -> None:
         self.state = state if state is not None else WorkerState(timings)
         self.state.on_change = self._apply
@@ -71,30 +69,6 @@ class Scopes:
 
     def __len__(self) -> int:  # the scopes bound now
         return len(self._scopes)
-
-    # What the waits read of the state.
-
-    @property
-    def deadline(self) -> float:
-        return self.state.deadline
-
-    @property
-    def grace_end(self) -> float:
-        return self.state.grace_end
-
-    @property
-    def take_end(self) -> float:
-        return self.state.take_end
-
-    @property
-    def stopping(self) -> bool:
-        return self.state.stopping
-
-    def grace_over(self, now: float) -> bool:
-        return self.state.grace_over(now)
-
-    def report_deadline(self, started: float) -> float:
-        return self.state.report_deadline(started)
 
     # Binding scopes.
 
@@ -119,13 +93,15 @@ class Scopes:
         seconds from now or at the end of the grace, whichever comes first (or at
         :meth:`end_by`). A stuck thread cannot hold the exit: the process then ends
         with ``os._exit``."""
-        ends = trio.current_time() + bound
-        return _BoundScope(self, lambda state: min(ends, state.grace_end, self._waits_end), True)
+        return _BoundScope(self, self._wait_rule(bound), True)
 
     def bounded(self, bound: float) -> _BoundScope:
         """As :meth:`shielded`, for a caller that shields it already (a stream's close)."""
+        return _BoundScope(self, self._wait_rule(bound), False)
+
+    def _wait_rule(self, bound: float) -> Rule:
         ends = trio.current_time() + bound
-        return _BoundScope(self, lambda state: min(ends, state.grace_end, self._waits_end), False)
+        return lambda state: min(ends, state.grace_end, self._waits_end)
 
     def end_by(self, deadline: float) -> None:
         """End every wait of :meth:`shielded` and :meth:`bounded` by *deadline*, for a worker
