@@ -270,18 +270,22 @@ class JobDriver:
         Their tasks can never end, but the reports they owe go out (docs/design.md §9).
         Returns the ids settled.
         """
-        stuck = [job for job in self.ledger if on_stuck(job.state) is not Outcome.PROPAGATE]
+        stuck = [
+            (job, outcome)
+            for job in self.ledger
+            if (outcome := on_stuck(job.state)) is not Outcome.PROPAGATE
+        ]
         # No shield here: each report shields itself (Delivery.deliver) before its first
         # checkpoint, and a nursery waits for its children even when cancelled.
         async with trio.open_nursery() as nursery:
-            for job in stuck:
+            for job, outcome in stuck:
                 log.error(
                     "job %s: its handler ignored the cancellation at the end of the "
                     "shutdown grace and is still running; settling it without it",
                     job.id,
                 )
                 job.abandoned = True
-                if on_stuck(job.state) is Outcome.STOP:
+                if outcome is Outcome.STOP:
                     self.fire(job, JobEvent.STOP)
                     continue
                 self.fire(job, JobEvent.FINISH)
@@ -289,7 +293,7 @@ class JobDriver:
                 nursery.start_soon(
                     partial(self._report, job, report.body, is_stream=report.is_stream)
                 )
-        return [job.id for job in stuck]
+        return [job.id for job, _ in stuck]
 
     async def fail_all(self, jobs: list[HeldJob]) -> None:
         """Fail *jobs* with the init failure, all at once (docs/design.md §6.4)."""
