@@ -28,6 +28,7 @@ def serve_in_process(
     *,
     backend: str | None = None,
     env: Mapping[str, str] | None = None,
+    worker_id: str = "w1",
     **options: Any,
 ) -> functools.partial[Any]:
     """``trio_worker.testing.serve(handler, ...)`` against *platform* in this process, ready
@@ -35,7 +36,8 @@ def serve_in_process(
     *options* give an ``open_stream``), wired by the platform's ``worker_env`` and *env*;
     the heartbeat is a task on trio's clock, no signal handler is installed, no log
     captured. *backend* is the ``async_backend`` (left to the worker's own choice when
-    None); *options* override the rest and pass any other argument of ``serve``."""
+    None), *worker_id* its ``RUNPOD_POD_ID``; *options* override the rest and pass any
+    other argument of ``serve``."""
     options.setdefault("heartbeat", "task")
     options.setdefault("handle_signals", False)
     options.setdefault("capture_logs", "off")
@@ -43,7 +45,7 @@ def serve_in_process(
         options.setdefault("app", platform)
     if backend is not None:
         options["async_backend"] = backend
-    environ = {**platform.worker_env("http://platform"), **(env or {})}
+    environ = {**platform.worker_env("http://platform", worker_id=worker_id), **(env or {})}
     return functools.partial(trio_worker.testing.serve, handler, environ=environ, **options)
 
 

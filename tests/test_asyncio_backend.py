@@ -21,6 +21,7 @@ import trio
 
 import trio_worker
 import trio_worker.testing
+from tests.conftest import serve_in_process
 from trio_worker.testing import FakePlatform
 
 from .backends import ASYNCIO_ONLY
@@ -58,17 +59,7 @@ async def serve(
     **options: Any,
 ) -> None:
     """The real worker on the asyncio backend, against *platform* in process."""
-    await trio_worker.testing.serve(
-        handler,
-        async_backend="asyncio",
-        environ=platform.worker_env("http://platform"),
-        app=platform,
-        heartbeat="task",
-        handle_signals=False,
-        capture_logs="off",
-        task_status=task_status,
-        **options,
-    )
+    await serve_in_process(platform, handler, backend="asyncio", **options)(task_status=task_status)
 
 
 # Set when each worker started by start_worker has returned.

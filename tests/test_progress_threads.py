@@ -10,7 +10,6 @@ post at a time per job with the newest waiting, and a bounded hand-over to the l
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -23,7 +22,7 @@ import trio.testing
 
 import trio_worker
 import trio_worker.testing
-from trio_worker._options import AsyncBackend
+from tests.conftest import serve_in_process
 from trio_worker._progress_calls import ProgressTarget
 from trio_worker.testing import FakePlatform, JobRecord
 
@@ -99,16 +98,7 @@ async def start_worker(
     nursery: trio.Nursery, platform: FakePlatform, handler: Any, backend: str, worker_id: str = "w"
 ) -> trio_worker.WorkerHandle:
     handle: trio_worker.WorkerHandle = await nursery.start(
-        functools.partial(
-            trio_worker.testing.serve,
-            handler,
-            async_backend=cast("AsyncBackend", backend),
-            environ=platform.worker_env("http://platform", worker_id=worker_id),
-            app=platform,
-            heartbeat="task",
-            handle_signals=False,
-            capture_logs="off",
-        )
+        serve_in_process(platform, handler, backend=backend, worker_id=worker_id)
     )
     return handle
 

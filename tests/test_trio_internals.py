@@ -11,15 +11,15 @@ from __future__ import annotations
 import ast
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import trio
 
 import trio_worker
 import trio_worker.testing
+from tests.conftest import serve_in_process
 from trio_worker import _threads
-from trio_worker._options import AsyncBackend
 from trio_worker.testing import FakePlatform
 
 from .backends import BOTH_BACKENDS
@@ -125,16 +125,7 @@ def test_an_asyncio_backend_worker_leaves_trios_guest_mode_as_trio_wrote_it() ->
         with trio.fail_after(30):
             async with trio.open_nursery() as nursery:
                 handle = await nursery.start(
-                    lambda task_status: trio_worker.testing.serve(
-                        handler,
-                        async_backend="asyncio",
-                        app=platform,
-                        environ=platform.worker_env("http://platform"),
-                        heartbeat="off",
-                        handle_signals=False,
-                        capture_logs="off",
-                        task_status=task_status,
-                    )
+                    serve_in_process(platform, handler, backend="asyncio", heartbeat="off")
                 )
                 record = await platform.wait_for_status(platform.enqueue("hi"), "COMPLETED")
                 handle.shutdown()
@@ -165,16 +156,7 @@ async def test_a_stopped_sync_handler_sees_check_cancelled_and_frees_its_slot(
             threading.Event().wait(0.001)
 
     handle: trio_worker.WorkerHandle = await nursery.start(
-        lambda task_status: trio_worker.testing.serve(
-            handler,
-            async_backend=cast("AsyncBackend", backend),
-            app=platform,
-            environ=platform.worker_env("http://platform"),
-            heartbeat="off",
-            handle_signals=False,
-            capture_logs="off",
-            task_status=task_status,
-        )
+        serve_in_process(platform, handler, backend=backend, heartbeat="off")
     )
     job_id = platform.enqueue("first")
     # A hang guard, not a timing claim: autojump is blind to the handler's thread.

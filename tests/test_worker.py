@@ -9,7 +9,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import trio
@@ -17,10 +17,10 @@ import trio
 import trio_worker
 import trio_worker.testing
 from tests.backends import ASYNCIO_ONLY, BOTH_BACKENDS
+from tests.conftest import serve_in_process
 from trio_worker import Timings as _Timings
 from trio_worker._backends import BACKENDS
 from trio_worker._backends._asyncio import await_on_asyncio
-from trio_worker._options import AsyncBackend
 from trio_worker._progress_calls import ProgressTarget, current_progress
 from trio_worker._scopes import Scopes
 from trio_worker._worker import _outside
@@ -31,16 +31,7 @@ async def start_worker(
     nursery: trio.Nursery, platform: FakePlatform, handler: Any, worker_id: str, backend: str
 ) -> trio_worker.WorkerHandle:
     handle: trio_worker.WorkerHandle = await nursery.start(
-        functools.partial(
-            trio_worker.testing.serve,
-            handler,
-            async_backend=cast("AsyncBackend", backend),
-            environ=platform.worker_env("http://platform", worker_id=worker_id),
-            app=platform,
-            heartbeat="task",
-            handle_signals=False,
-            capture_logs="off",
-        )
+        serve_in_process(platform, handler, backend=backend, worker_id=worker_id)
     )
     return handle
 
@@ -174,15 +165,7 @@ async def test_a_cancellation_from_outside_reaches_the_callers_scope(
 ) -> None:
     platform = FakePlatform(take_hold=5.0)
     with trio.move_on_after(3.0) as scope:
-        await trio_worker.testing.serve(
-            lambda job: "ok",
-            async_backend=cast("AsyncBackend", backend),
-            environ=platform.worker_env("http://platform"),
-            app=platform,
-            heartbeat="task",
-            handle_signals=False,
-            capture_logs="off",
-        )
+        await serve_in_process(platform, lambda job: "ok", backend=backend)()
     assert scope.cancelled_caught
 
 
