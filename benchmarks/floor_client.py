@@ -10,7 +10,7 @@ no-op jobs and prints one JSON line: jobs, seconds, jobs/s and this process's CP
   one shared ``AsyncClient``), *LOOPS* of them concurrently: what httpx costs per job with
   no worker logic at all (docs/benchmarks.md, "The floor").
 * ``lean``: the same loop on trio_worker's own HTTP client
-  (``trio_worker._platform._http.LeanHttp``,
+  (``trio_worker._platform._http.HttpPool``,
   a private API: this mode is for the benchmark only). This is trio_worker's floor: the
   worker minus everything but its HTTP.
 """
@@ -107,9 +107,9 @@ async def run_httpx(base_url: str, jobs: int, loops: int) -> int:
 
 
 async def run_lean(base_url: str, jobs: int, loops: int) -> int:
-    from trio_worker._platform._http import LeanHttp
+    from trio_worker._platform._http import HttpPool
 
-    client = LeanHttp({"Authorization": AUTH})
+    client = HttpPool({"Authorization": AUTH})
     take_url = base_url + TAKE
     done_url = base_url + DONE
     done = 0
@@ -117,11 +117,11 @@ async def run_lean(base_url: str, jobs: int, loops: int) -> int:
     async def loop() -> None:
         nonlocal done
         while done < jobs:
-            response = await client.request("GET", take_url)
+            [response] = await client.exchange("GET", [(take_url, b"")])
             if response.status == 204:
                 return
             job_id = json.loads(response.body)["id"]
-            await client.request("POST", done_url.format(job_id), RESULT)
+            await client.exchange("POST", [(done_url.format(job_id), RESULT)])
             done += 1
 
     try:

@@ -93,15 +93,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "report-posted-twice",
-        "_platform/_client.py post_once: after a 2xx answer the report is posted once more",
+        "_platform/_client.py post: after a 2xx answer the report is posted once more",
         (
             Patch(
                 "trio_worker/_platform/_client.py",
-                "        if 200 <= status < 300:\n"
-                "            outcome.delivered, outcome.last_error = True, None",
-                "        if 200 <= status < 300:\n"
-                '            await self._reports.request("POST", url, body)\n'
-                "            outcome.delivered, outcome.last_error = True, None",
+                "                if 200 <= status < 300:\n"
+                "                    outcome.delivered, outcome.last_error = True, None",
+                "                if 200 <= status < 300:\n"
+                '                    await self._reports.exchange("POST", requests)\n'
+                "                    outcome.delivered, outcome.last_error = True, None",
             ),
         ),
     ),
@@ -216,18 +216,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "failed-request-leaks-connection",
-        "_platform/_lean.py LeanHttp._exchange: a failed or cancelled request (or pipelined "
+        "_platform/_http.py HttpPool._exchange: a failed or cancelled request (or pipelined "
         "round) leaves its connection open",
         (
             Patch(
-                "trio_worker/_platform/_lean.py",
-                "        except BaseException:\n"
-                "            self._servers.note(connection, answered=False)\n"
-                "            await connection.aclose()\n"
-                "            raise",
-                "        except BaseException:\n"
-                "            self._servers.note(connection, answered=False)\n"
-                "            raise",
+                "trio_worker/_platform/_http.py",
+                "            except BaseException:\n"
+                "                self._servers.note(connection, answered=False)\n"
+                "                await connection.aclose()\n"
+                "                raise",
+                "            except BaseException:\n"
+                "                self._servers.note(connection, answered=False)\n"
+                "                raise",
             ),
         ),
         required=False,

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from trio_worker._platform._http import (
-    LeanHttp,
-)
+from trio_worker._config import MAX_ANSWER_BYTES
+from trio_worker._platform._http import HttpPool
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from trio_worker._platform._http import HttpBackend, HttpResponse
 
 STATIC_HEADERS = {"Authorization": "Bearer secret-key", "User-Agent": "trio-worker-test/1"}
 TIMEOUT = 5.0
@@ -216,12 +217,25 @@ async def server_fixture(nursery: trio.Nursery) -> Server:
 
 
 @pytest.fixture(name="client")
-async def client_fixture() -> AsyncIterator[LeanHttp]:
-    lean = LeanHttp(STATIC_HEADERS)
+async def client_fixture() -> AsyncIterator[HttpPool]:
+    pool = HttpPool(STATIC_HEADERS)
     try:
-        yield lean
+        yield pool
     finally:
-        await lean.aclose()
+        await pool.aclose()
+
+
+async def send_one(
+    client: HttpBackend,
+    method: str,
+    url: str,
+    body: bytes = b"",
+    *,
+    max_body: int = MAX_ANSWER_BYTES,
+) -> HttpResponse:
+    """One request through the client's one entry point: an exchange of one."""
+    [answer] = await client.exchange(method, [(url, body)], max_body=max_body)
+    return answer
 
 
 def assert_no_resource_warning() -> None:

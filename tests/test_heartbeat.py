@@ -22,8 +22,8 @@ from trio_worker._config import MAX_ANSWER_BYTES
 from trio_worker._platform._heartbeat import (
     HeartbeatThread,
 )
-from trio_worker._platform._http import LeanHttp
-from trio_worker._platform._tls import trust_context
+from trio_worker._platform._http import HttpPool
+from trio_worker._platform._network import trust_context
 from trio_worker._version import __version__
 
 KEY = "rpa_ping_key"
@@ -388,7 +388,7 @@ async def test_the_thread_runs_the_lean_client_with_the_one_trust_store() -> Non
     pinger = HeartbeatThread("https://p.test/ping", KEY, 1.0, Held())
     backend = pinger.make_backend()
     try:
-        assert isinstance(backend, LeanHttp)
+        assert isinstance(backend, HttpPool)
         assert backend.ssl_context is trust_context()
     finally:
         await backend.aclose()

@@ -16,9 +16,11 @@ import trio
 import trio_worker
 import trio_worker.testing
 from trio_worker._exceptions import AnswerTooLarge
-from trio_worker._platform._lean import LeanHttp
+from trio_worker._platform._http import HttpPool
 from trio_worker.testing import FakePlatform, Fault
 from trio_worker.testing._memory import memory_network
+
+from .scripted_server import send_one
 
 DEEP = b"[" * 5_000 + b"]" * 5_000
 
@@ -125,10 +127,10 @@ async def test_the_lean_client_hands_over_the_head_of_an_answer_refused_for_its_
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
-        client = LeanHttp({})
+        client = HttpPool({})
         try:
             with trio.fail_after(10), pytest.raises(AnswerTooLarge) as caught:
-                await client.request("GET", f"http://127.0.0.1:{port}/take", max_body=1024)
+                await send_one(client, "GET", f"http://127.0.0.1:{port}/take", max_body=1024)
         finally:
             answered.set()
             await client.aclose()

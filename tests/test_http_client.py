@@ -9,14 +9,11 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._platform import _lean as lean_module
+from trio_worker._platform import _http as http_module
 from trio_worker._platform._connection import Connection, Phase
-from trio_worker._platform._http import (
-    HttpResponse,
-    LeanHttp,
-)
+from trio_worker._platform._http import HttpPool, HttpResponse
+from trio_worker._platform._network import trust_context
 from trio_worker._platform._request import Origin
-from trio_worker._platform._tls import trust_context
 
 from .scripted_server import (
     TIMEOUT,
@@ -25,6 +22,7 @@ from .scripted_server import (
     StrayAnswer,
     client_fixture,  # noqa: F401 (a fixture)
     response,
+    send_one,
     server_fixture,  # noqa: F401 (a fixture)
 )
 
@@ -35,10 +33,10 @@ pytestmark = pytest.mark.timeout(20)
 # --------------------------------------------------------------------------------------
 
 
-async def test_get_sends_exact_request_bytes(server: Server, client: LeanHttp) -> None:
+async def test_get_sends_exact_request_bytes(server: Server, client: HttpPool) -> None:
     server.reply(response(b'{"id": "j1"}', headers=("Content-Type: application/json",)))
     with trio.fail_after(TIMEOUT):
-        answer = await client.request("GET", server.url("/v2/ep/job-take/w1?batch=3&x=%2F"))
+        answer = await send_one(client, "GET", server.url("/v2/ep/job-take/w1?batch=3&x=%2F"))
     assert answer == HttpResponse(
         200,
         {"content-type": "application/json", "content-length": "12"},
@@ -55,13 +53,15 @@ async def test_get_sends_exact_request_bytes(server: Server, client: LeanHttp) -
     )
 
 
-async def test_post_sends_body_verbatim(server: Server, client: LeanHttp) -> None:
+async def test_post_sends_body_verbatim(server: Server, client: HttpPool) -> None:
     body = b'{"output": "a\\r\\nb"}\r\n\r\nHTTP/1.1 200 OK\x00\xff' + bytes(range(256))
     server.reply(response(b"", "204 No Content", length=False))
     server.reply(response(b"ok"))
     with trio.fail_after(TIMEOUT):
-        first = await client.request("POST", server.url("/v2/ep/job-done/w1?isStream=false"), body)
-        second = await client.request("POST", server.url("/empty"))
+        first = await send_one(
+            client, "POST", server.url("/v2/ep/job-done/w1?isStream=false"), body
+        )
+        second = await send_one(client, "POST", server.url("/empty"))
     assert (first.status, first.body) == (204, b"")
     assert (second.status, second.body) == (200, b"ok")
     posted, empty = server.requests
@@ -78,22 +78,22 @@ async def test_post_sends_body_verbatim(server: Server, client: LeanHttp) -> Non
 
 
 async def test_target_defaults_to_slash_and_drops_fragment(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     server.reply(response())
     server.reply(response())
     with trio.fail_after(TIMEOUT):
-        await client.request("GET", f"http://127.0.0.1:{server.port}")
-        await client.request("GET", server.url("/p?q=1#fragment"))
+        await send_one(client, "GET", f"http://127.0.0.1:{server.port}")
+        await send_one(client, "GET", server.url("/p?q=1#fragment"))
     assert [r.target for r in server.requests] == ["/", "/p?q=1"]
 
 
 async def test_no_static_headers(server: Server) -> None:
     server.reply(response())
-    lean = LeanHttp({})
+    lean = HttpPool({})
     try:
         with trio.fail_after(TIMEOUT):
-            await lean.request("DELETE", server.url("/x"))
+            await send_one(lean, "DELETE", server.url("/x"))
     finally:
         await lean.aclose()
     assert (
@@ -124,7 +124,7 @@ def redirected(server: Server, monkeypatch: pytest.MonkeyPatch) -> list[tuple[st
         return await real_open("127.0.0.1", server.port)
 
     monkeypatch.setattr(trio, "open_tcp_stream", fake_tcp)
-    monkeypatch.setattr(lean_module, "open_tls_stream", fake_tls)
+    monkeypatch.setattr(http_module, "open_tls_stream", fake_tls)
     return calls
 
 
@@ -162,7 +162,7 @@ def redirected(server: Server, monkeypatch: pytest.MonkeyPatch) -> list[tuple[st
 )
 async def test_host_header_and_default_ports(
     server: Server,
-    client: LeanHttp,
+    client: HttpPool,
     redirected: list[tuple[str, str, int]],
     url: str,
     connect: tuple[str, str, int],
@@ -171,31 +171,31 @@ async def test_host_header_and_default_ports(
     server.reply(response(b"a"))
     server.reply(response(b"b"))
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", url)).body == b"a"
-        assert (await client.request("GET", url)).body == b"b"  # kept alive per origin
+        assert (await send_one(client, "GET", url)).body == b"a"
+        assert (await send_one(client, "GET", url)).body == b"b"  # kept alive per origin
     assert redirected == [connect]
     assert [r.header("Host") for r in server.requests] == [host, host]
     assert [r.target for r in server.requests] == ["/v2/x?y=1", "/v2/x?y=1"]
 
 
 async def test_origins_do_not_share_connections(
-    server: Server, client: LeanHttp, redirected: list[tuple[str, str, int]]
+    server: Server, client: HttpPool, redirected: list[tuple[str, str, int]]
 ) -> None:
     for _ in range(4):
         server.reply(response())
     with trio.fail_after(TIMEOUT):
         for url in ("http://a.test/", "http://b.test/", "http://a.test/", "https://a.test/"):
-            await client.request("GET", url)
+            await send_one(client, "GET", url)
     assert redirected == [("tcp", "a.test", 80), ("tcp", "b.test", 80), ("ssl", "a.test", 443)]
     assert server.accepted == 3
     assert [r.connection for r in server.requests] == [0, 1, 0, 2]
 
 
-async def test_host_header_for_ipv6_literal(nursery: trio.Nursery, client: LeanHttp) -> None:
+async def test_host_header_for_ipv6_literal(nursery: trio.Nursery, client: HttpPool) -> None:
     v6 = await Server("::1").start(nursery)
     v6.reply(response(b"ok"))
     with trio.fail_after(TIMEOUT):
-        answer = await client.request("GET", v6.url("/x"))
+        answer = await send_one(client, "GET", v6.url("/x"))
     assert answer.body == b"ok"
     assert v6.requests[0].header("Host") == f"[::1]:{v6.port}"
 
@@ -205,13 +205,15 @@ async def test_host_header_for_ipv6_literal(nursery: trio.Nursery, client: LeanH
 # --------------------------------------------------------------------------------------
 
 
-async def test_sequential_requests_share_one_connection(server: Server, client: LeanHttp) -> None:
+async def test_sequential_requests_share_one_connection(server: Server, client: HttpPool) -> None:
     n = 10
     for i in range(n):
         server.reply(response(f"answer {i}".encode()))
     with trio.fail_after(TIMEOUT):
         bodies = [
-            (await client.request("POST" if i % 2 else "GET", server.url(f"/r/{i}"), b"x" * i)).body
+            (
+                await send_one(client, "POST" if i % 2 else "GET", server.url(f"/r/{i}"), b"x" * i)
+            ).body
             for i in range(n)
         ]
     assert bodies == [f"answer {i}".encode() for i in range(n)]
@@ -221,7 +223,7 @@ async def test_sequential_requests_share_one_connection(server: Server, client: 
 
 
 async def test_concurrent_requests_open_separate_connections_then_reuse(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     # Three requests in flight at once need three connections; afterwards all three are
     # idle and the next three requests reuse them.
@@ -238,7 +240,7 @@ async def test_concurrent_requests_open_separate_connections_then_reuse(
     results: list[bytes] = []
 
     async def one(i: int) -> None:
-        results.append((await client.request("GET", server.url(f"/{i}"))).body)
+        results.append((await send_one(client, "GET", server.url(f"/{i}"))).body)
 
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
@@ -254,42 +256,42 @@ async def test_concurrent_requests_open_separate_connections_then_reuse(
 
 @pytest.mark.parametrize("value", ["close", "Close", "CLOSE"])
 async def test_connection_close_response_is_not_reused(
-    server: Server, client: LeanHttp, value: str
+    server: Server, client: HttpPool, value: str
 ) -> None:
     server.reply(response(b"first", headers=(f"Connection: {value}",)))
     server.reply(response(b"second"))
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        assert (await send_one(client, "GET", server.url("/1"))).body == b"first"
         await server.peers[0].client_closed.wait()  # the client closed its side
-        assert (await client.request("GET", server.url("/2"))).body == b"second"
+        assert (await send_one(client, "GET", server.url("/2"))).body == b"second"
     assert server.accepted == 2
     assert [r.connection for r in server.requests] == [0, 1]
     assert not server.peers[0].client_reset
 
 
 async def test_http10_response_without_keep_alive_is_not_reused(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     server.reply(response(b"old", version="HTTP/1.0"))
     server.reply(response(b"new"))
     with trio.fail_after(TIMEOUT):
-        first = await client.request("GET", server.url("/1"))
+        first = await send_one(client, "GET", server.url("/1"))
         await server.peers[0].client_closed.wait()
-        second = await client.request("GET", server.url("/2"))
+        second = await send_one(client, "GET", server.url("/2"))
     assert (first.status, first.body, second.body) == (200, b"old", b"new")
     assert server.accepted == 2
 
 
 async def test_http10_response_with_keep_alive_is_not_reused(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     # h11 keeps only HTTP/1.1 connections alive: an HTTP/1.0 server gets a fresh one.
     server.reply(response(b"old", version="HTTP/1.0", headers=("Connection: Keep-Alive",)))
     server.reply(response(b"new"))
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/1"))).body == b"old"
+        assert (await send_one(client, "GET", server.url("/1"))).body == b"old"
         await server.peers[0].client_closed.wait()
-        assert (await client.request("GET", server.url("/2"))).body == b"new"
+        assert (await send_one(client, "GET", server.url("/2"))).body == b"new"
     assert server.accepted == 2
 
 
@@ -297,25 +299,25 @@ async def test_http10_response_with_keep_alive_is_not_reused(
     "connection", ["keep-alive, close", "close, keep-alive", "Upgrade, Close", "x, CLOSE"]
 )
 async def test_close_anywhere_in_the_connection_list_is_not_reused(
-    server: Server, client: LeanHttp, connection: str
+    server: Server, client: HttpPool, connection: str
 ) -> None:
     server.reply(response(b"first", headers=(f"Connection: {connection}",)))
     server.reply(response(b"second"))
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        assert (await send_one(client, "GET", server.url("/1"))).body == b"first"
         await server.peers[0].client_closed.wait()
-        assert (await client.request("GET", server.url("/2"))).body == b"second"
+        assert (await send_one(client, "GET", server.url("/2"))).body == b"second"
     assert server.accepted == 2
 
 
-async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: LeanHttp) -> None:
+async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: HttpPool) -> None:
     # Bytes beyond the framed body (in the same write) mean the stream is out of sync:
     # the connection must not be reused.
     server.reply(response(b"ok") + b"garbage")
     server.reply(response(b"fresh"))
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/1"))).body == b"ok"
-        assert (await client.request("GET", server.url("/2"))).body == b"fresh"
+        assert (await send_one(client, "GET", server.url("/1"))).body == b"ok"
+        assert (await send_one(client, "GET", server.url("/2"))).body == b"fresh"
     assert server.accepted == 2
 
 
@@ -328,7 +330,7 @@ async def test_extra_bytes_after_response_prevent_reuse(server: Server, client: 
     ],
 )
 async def test_an_answer_nobody_asked_for_on_an_idle_connection_is_never_read(
-    server: Server, client: LeanHttp, stray: bytes
+    server: Server, client: HttpPool, stray: bytes
 ) -> None:
     # Regression: a stray answer on an idle kept-alive connection was read as the next
     # request's answer: job B's 503 was taken as job C's 200, so B was never stored and
@@ -338,12 +340,12 @@ async def test_an_answer_nobody_asked_for_on_an_idle_connection_is_never_read(
     server.reply(response(b"B refused", "503 Service Unavailable"))
     server.reply(response(b"C stored"))
     with trio.fail_after(TIMEOUT):
-        a = await client.request("POST", server.url("/job-done/w1/A"), b"{}")
+        a = await send_one(client, "POST", server.url("/job-done/w1/A"), b"{}")
         script.answers_read.set()
         await script.stray_sent.wait()
         await trio.sleep(0.005)  # the stray's bytes cross loopback
-        b = await client.request("POST", server.url("/job-done/w1/B"), b"{}")
-        c = await client.request("POST", server.url("/job-done/w1/C"), b"{}")
+        b = await send_one(client, "POST", server.url("/job-done/w1/B"), b"{}")
+        c = await send_one(client, "POST", server.url("/job-done/w1/C"), b"{}")
     assert [a.body, b.body, c.body] == [b"A stored", b"B refused", b"C stored"]
     assert [a.status, b.status, c.status] == [200, 503, 200]
     assert server.accepted == 2  # the spoiled connection was closed, one opened
@@ -355,7 +357,7 @@ async def test_an_answer_nobody_asked_for_on_an_idle_connection_is_never_read(
 
 
 async def test_a_connection_found_quiet_once_is_checked_again_at_its_next_reuse(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     # The quiet check keeps its poll of the socket from one reuse to the next: the stray
     # answer comes after the second request's, so only the second check can see it.
@@ -363,12 +365,12 @@ async def test_a_connection_found_quiet_once_is_checked_again_at_its_next_reuse(
     for name in "ABC":
         server.reply(response(f"{name} stored".encode()))
     with trio.fail_after(TIMEOUT):
-        a = await client.request("POST", server.url("/job-done/w1/A"), b"{}")
-        b = await client.request("POST", server.url("/job-done/w1/B"), b"{}")
+        a = await send_one(client, "POST", server.url("/job-done/w1/A"), b"{}")
+        b = await send_one(client, "POST", server.url("/job-done/w1/B"), b"{}")
         script.answers_read.set()
         await script.stray_sent.wait()
         await trio.sleep(0.005)  # the stray's bytes cross loopback
-        c = await client.request("POST", server.url("/job-done/w1/C"), b"{}")
+        c = await send_one(client, "POST", server.url("/job-done/w1/C"), b"{}")
     assert [a.body, b.body, c.body] == [b"A stored", b"B stored", b"C stored"]
     assert server.accepted == 2  # A and B on the first connection; C on a new one
 
@@ -379,22 +381,64 @@ async def test_a_connection_found_quiet_once_is_checked_again_at_its_next_reuse(
 
 
 async def test_a_connection_shows_its_named_phase() -> None:
-    client_end, _server_end = trio.testing.memory_stream_pair()
+    client_end, server_end = trio.testing.memory_stream_pair()
     connection = Connection(client_end, Origin("http", "platform.test", 8080))
     assert repr(connection) == "<Connection to platform.test:8080 idle, 0 exchange(s)>"
-    connection.begin_exchange()
-    connection.begin_answer(received=12)
-    assert repr(connection) == (
-        "<Connection to platform.test:8080 exchanging, 1 exchange(s), answer at 12 bytes>"
-    )
+    answers: list[HttpResponse] = []
+    requests = [("http://platform.test:8080/a", b""), ("http://platform.test:8080/b", b"")]
+    async with trio.open_nursery() as nursery:
+        reusable: list[bool] = []
+
+        async def exchange() -> None:
+            wire = b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n"
+            reusable.append(await connection.exchange(wire, "GET", requests, answers, 99, 99))
+
+        nursery.start_soon(exchange)
+        await server_end.receive_some()
+        await server_end.send_all(response(b"first") + b"HTTP/1.1 200 OK\r\nContent-Length: 6")
+        await trio.testing.wait_all_tasks_blocked()
+        assert repr(connection) == (
+            "<Connection to platform.test:8080 exchanging, 1 exchange(s), "
+            "1 answer(s) read, 1 due, reading a head>"
+        )
+        await server_end.send_all(b"\r\n\r\nsec")
+        await trio.testing.wait_all_tasks_blocked()
+        assert repr(connection) == (
+            "<Connection to platform.test:8080 exchanging, 1 exchange(s), "
+            "1 answer(s) read, 1 due, reading a body>"
+        )
+        await server_end.send_all(b"ond")
+    assert reusable == [True]
+    assert [answer.body for answer in answers] == [b"first", b"second"]
+    assert repr(connection) == "<Connection to platform.test:8080 idle, 1 exchange(s)>"
     await connection.aclose()
     assert connection.phase is Phase.CLOSED
     assert repr(connection) == "<Connection to platform.test:8080 closed, 1 exchange(s)>"
 
 
-async def test_the_client_shows_its_pool(server: Server, client: LeanHttp) -> None:
+async def test_the_client_shows_its_pool(server: Server) -> None:
+    client = HttpPool({}, max_connections=3, keepalive_expiry=7.5)
+    tail = "at most 3, kept idle for at most 7.5s>"
     server.reply(response(b"ok"))
-    assert repr(client) == "<LeanHttp 0 idle connection(s) to 0 origin(s)>"
-    with trio.fail_after(TIMEOUT):
-        await client.request("GET", server.url("/1"))
-    assert repr(client) == "<LeanHttp 1 idle connection(s) to 1 origin(s)>"
+    answered = trio.Event()
+    slow = response(b"slow")
+    server.reply(slow[:-2], slow[-2:], pause=0.01)  # the pool is shown meanwhile
+    assert repr(client) == f"<HttpPool 0 in use, 0 idle, {tail}"
+    try:
+        with trio.fail_after(TIMEOUT):
+            await send_one(client, "GET", server.url("/1"))
+            where = f"127.0.0.1:{server.port}"
+            assert repr(client) == f"<HttpPool 0 in use, 1 idle ({where}: 1), {tail}"
+            async with trio.open_nursery() as nursery:
+
+                async def second() -> None:
+                    await send_one(client, "GET", server.url("/2"))
+                    answered.set()
+
+                nursery.start_soon(second)
+                await trio.testing.wait_all_tasks_blocked()
+                assert repr(client).startswith("<HttpPool 1 in use, 0 idle, ")
+            assert answered.is_set()
+            assert repr(client) == f"<HttpPool 0 in use, 1 idle ({where}: 1), {tail}"
+    finally:
+        await client.aclose()

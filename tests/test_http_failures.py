@@ -10,11 +10,8 @@ import pytest
 import trio
 
 from trio_worker import TransportError
-from trio_worker._platform._http import (
-    MAX_HEADER_BYTES,
-    HttpResponse,
-    LeanHttp,
-)
+from trio_worker._platform._connection import MAX_HEADER_BYTES
+from trio_worker._platform._http import HttpPool, HttpResponse
 
 from .scripted_server import (
     STATIC_HEADERS,
@@ -24,6 +21,7 @@ from .scripted_server import (
     assert_no_resource_warning,
     client_fixture,  # noqa: F401 (a fixture)
     response,
+    send_one,
     server_fixture,  # noqa: F401 (a fixture)
 )
 
@@ -34,12 +32,12 @@ pytestmark = pytest.mark.timeout(20)
 # --------------------------------------------------------------------------------------
 
 
-async def test_connection_refused_is_transport_error(client: LeanHttp) -> None:
+async def test_connection_refused_is_transport_error(client: HttpPool) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     await listeners[0].aclose()
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="cannot connect") as caught:
-        await client.request("GET", f"http://127.0.0.1:{port}/x")
+        await send_one(client, "GET", f"http://127.0.0.1:{port}/x")
     assert isinstance(caught.value.__cause__, OSError)
     assert f"127.0.0.1:{port}" in str(caught.value)
 
@@ -49,31 +47,30 @@ async def test_connect_timeout_is_transport_error() -> None:
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
-    client = LeanHttp({}, open_stream=never, connect_timeout=0.005)
+    client = HttpPool({}, open_stream=never, connect_timeout=0.005)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="timed out"):
-        await client.request("GET", "http://192.0.2.1:81/x")
+        await send_one(client, "GET", "http://192.0.2.1:81/x")
 
 
 @pytest.mark.parametrize(
     "url",
     ["ftp://127.0.0.1/x", "ws://127.0.0.1/x", "127.0.0.1:80/x", "/relative", "http:///nohost"],
 )
-async def test_unsupported_url_is_transport_error(client: LeanHttp, url: str) -> None:
+async def test_unsupported_url_is_transport_error(client: HttpPool, url: str) -> None:
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="cannot request"):
-        await client.request("GET", url)
+        await send_one(client, "GET", url)
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:notaport/x", "http://127.0.0.1:99999/x"])
-async def test_invalid_port_raises_transport_error(client: LeanHttp, url: str) -> None:
+async def test_invalid_port_raises_transport_error(client: HttpPool, url: str) -> None:
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
-        await client.request("GET", url)
+        await send_one(client, "GET", url)
 
 
 PROTOCOL_ERRORS = {
     "bad status code": b"HTTP/1.1 OK 200\r\nContent-Length: 0\r\n\r\n",
     "status line without code": b"HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
     "garbage status line": b"hello there\r\n\r\n",
-    "empty status line": b"\r\n\r\n",
     "not http/1": b"HTTP/2 200 OK\r\nContent-Length: 0\r\n\r\n",
     "not http at all": b"SSH-2.0 200 OpenSSH\r\n\r\n",
     "bad header line": b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nno colon here\r\n\r\n",
@@ -86,16 +83,30 @@ PROTOCOL_ERRORS = {
 
 @pytest.mark.parametrize("wire", list(PROTOCOL_ERRORS.values()), ids=list(PROTOCOL_ERRORS))
 async def test_malformed_response_is_transport_error(
-    server: Server, client: LeanHttp, wire: bytes
+    server: Server, client: HttpPool, wire: bytes
 ) -> None:
     server.reply(wire)
     server.reply(response(b"fresh"))
     with trio.fail_after(TIMEOUT):
         with pytest.raises(TransportError):
-            await client.request("GET", server.url("/bad"))
+            await send_one(client, "GET", server.url("/bad"))
         # The broken connection was closed, not pooled: the next request gets a new one.
         await server.peers[0].client_closed.wait()
-        assert (await client.request("GET", server.url("/ok"))).body == b"fresh"
+        assert (await send_one(client, "GET", server.url("/ok"))).body == b"fresh"
+    assert server.accepted == 2
+
+
+async def test_empty_lines_before_an_answer_are_a_malformed_answer(
+    server: Server, client: HttpPool
+) -> None:
+    # h11 reads an empty line where a status line belongs as one that is malformed: the
+    # connection is closed, and the next request goes on a fresh one.
+    server.reply(b"\r\n\r\n" + response(b"after"))
+    server.reply(response(b"fresh"))
+    with trio.fail_after(TIMEOUT):
+        with pytest.raises(TransportError, match="malformed answer"):
+            await send_one(client, "GET", server.url("/1"))
+        assert (await send_one(client, "GET", server.url("/2"))).body == b"fresh"
     assert server.accepted == 2
 
 
@@ -114,11 +125,11 @@ CUT_SHORT = {
 
 @pytest.mark.parametrize("wire", list(CUT_SHORT.values()), ids=list(CUT_SHORT))
 async def test_server_closing_early_on_fresh_connection_is_transport_error(
-    server: Server, client: LeanHttp, wire: bytes
+    server: Server, client: HttpPool, wire: bytes
 ) -> None:
     server.reply(wire, then="close")
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
-        await client.request("POST", server.url("/x"), b"body")
+        await send_one(client, "POST", server.url("/x"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 1  # not retried
 
@@ -127,14 +138,14 @@ async def test_server_closing_early_on_fresh_connection_is_transport_error(
     "wire", [CUT_SHORT["mid head"], CUT_SHORT["body shorter than content-length"]]
 )
 async def test_server_closing_early_on_reused_connection_after_bytes_is_not_retried(
-    server: Server, client: LeanHttp, wire: bytes
+    server: Server, client: HttpPool, wire: bytes
 ) -> None:
     server.reply(response(b"first"))
     server.reply(wire, then="close")
     with trio.fail_after(TIMEOUT):
-        await client.request("GET", server.url("/1"))
+        await send_one(client, "GET", server.url("/1"))
         with pytest.raises(TransportError):
-            await client.request("POST", server.url("/2"), b"body")
+            await send_one(client, "POST", server.url("/2"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 2
 
@@ -149,32 +160,32 @@ async def test_server_closing_early_on_reused_connection_after_bytes_is_not_retr
     ids=["before answer", "mid head", "mid body"],
 )
 async def test_reset_on_fresh_connection_is_transport_error(
-    server: Server, client: LeanHttp, wire: bytes
+    server: Server, client: HttpPool, wire: bytes
 ) -> None:
     server.reply(wire, then="reset", pause=0.005)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="connection lost"):
-        await client.request("POST", server.url("/x"), b"body")
+        await send_one(client, "POST", server.url("/x"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 1
 
 
-async def test_unbounded_response_head_is_transport_error(server: Server, client: LeanHttp) -> None:
+async def test_unbounded_response_head_is_transport_error(server: Server, client: HttpPool) -> None:
     # A head that never ends: the client gives up past the limit instead of buffering.
     server.reply(b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 8192))
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="too large"):
-        await client.request("GET", server.url("/big"))
+        await send_one(client, "GET", server.url("/big"))
     with trio.fail_after(TIMEOUT):
         await server.peers[0].client_closed.wait()
 
 
-async def test_huge_response_head_is_transport_error(server: Server, client: LeanHttp) -> None:
+async def test_huge_response_head_is_transport_error(server: Server, client: HttpPool) -> None:
     big = b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * (1 << 20) + b"\r\n\r\n"
     server.reply(big)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="too large"):
-        await client.request("GET", server.url("/big"))
+        await send_one(client, "GET", server.url("/big"))
 
 
-async def test_response_head_just_over_limit_is_rejected(server: Server, client: LeanHttp) -> None:
+async def test_response_head_just_over_limit_is_rejected(server: Server, client: HttpPool) -> None:
     wire = (
         b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * MAX_HEADER_BYTES + b"\r\nContent-Length: 2\r\n\r\nok"
     )
@@ -183,30 +194,30 @@ async def test_response_head_just_over_limit_is_rejected(server: Server, client:
     # The first 64 KiB, a pause (the client drains them), then the rest.
     server.reply(wire[:MAX_HEADER_BYTES], wire[MAX_HEADER_BYTES:], pause=0.005)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
-        await client.request("GET", server.url("/big"))
+        await send_one(client, "GET", server.url("/big"))
 
 
-async def test_response_head_under_limit_is_accepted(server: Server, client: LeanHttp) -> None:
+async def test_response_head_under_limit_is_accepted(server: Server, client: HttpPool) -> None:
     pad = b"a" * (MAX_HEADER_BYTES - 200)
     server.reply(b"HTTP/1.1 200 OK\r\nX-Pad: " + pad + b"\r\nContent-Length: 2\r\n\r\nok")
     with trio.fail_after(TIMEOUT):
-        answer = await client.request("GET", server.url("/big"))
+        answer = await send_one(client, "GET", server.url("/big"))
     assert answer.body == b"ok"
     assert answer.headers["x-pad"] == pad.decode()
 
 
-async def test_negative_content_length_is_transport_error(server: Server, client: LeanHttp) -> None:
+async def test_negative_content_length_is_transport_error(server: Server, client: HttpPool) -> None:
     server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nabc", then="close")
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
-        await client.request("GET", server.url("/neg"))
+        await send_one(client, "GET", server.url("/neg"))
 
 
-async def test_negative_chunk_size_is_transport_error(server: Server, client: LeanHttp) -> None:
+async def test_negative_chunk_size_is_transport_error(server: Server, client: HttpPool) -> None:
     server.reply(
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n\r\n0\r\n\r\n", then="close"
     )
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
-        await client.request("GET", server.url("/neg"))
+        await send_one(client, "GET", server.url("/neg"))
 
 
 # --------------------------------------------------------------------------------------
@@ -216,7 +227,7 @@ async def test_negative_chunk_size_is_transport_error(server: Server, client: Le
 
 @pytest.mark.parametrize("stage", ["before answer", "mid head", "mid body", "mid chunked"])
 async def test_cancelled_request_closes_its_connection(
-    server: Server, client: LeanHttp, stage: str
+    server: Server, client: HttpPool, stage: str
 ) -> None:
     partial = {
         "before answer": [],
@@ -229,13 +240,13 @@ async def test_cancelled_request_closes_its_connection(
     server.reply(response(b"after"))
     cancelled = False
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/warm"))).body == b"warm"
+        assert (await send_one(client, "GET", server.url("/warm"))).body == b"warm"
 
         async def long_poll(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
             nonlocal cancelled
             with trio.CancelScope() as scope:
                 task_status.started(scope)
-                await client.request("GET", server.url("/job-take"))
+                await send_one(client, "GET", server.url("/job-take"))
             cancelled = scope.cancelled_caught
 
         async with trio.open_nursery() as nursery:
@@ -249,25 +260,25 @@ async def test_cancelled_request_closes_its_connection(
         # The server sees the client close the connection (EOF) ...
         await server.peers[0].client_closed.wait()
         # ... and the next request runs on a new one.
-        assert (await client.request("GET", server.url("/after"))).body == b"after"
+        assert (await send_one(client, "GET", server.url("/after"))).body == b"after"
     assert server.accepted == 2
     assert [r.connection for r in server.requests] == [0, 0, 1]
     assert_no_resource_warning()
 
 
-async def test_fail_after_timeout_closes_connection(server: Server, client: LeanHttp) -> None:
+async def test_fail_after_timeout_closes_connection(server: Server, client: HttpPool) -> None:
     server.reply()  # never answers
     server.reply(response(b"after"))
     with pytest.raises(trio.TooSlowError), trio.fail_after(0.05):
-        await client.request("GET", server.url("/slow"))
+        await send_one(client, "GET", server.url("/slow"))
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/after"))).body == b"after"
+        assert (await send_one(client, "GET", server.url("/after"))).body == b"after"
     assert server.accepted == 2  # the cut connection was closed, not pooled
     assert_no_resource_warning()
 
 
 async def test_cancelled_connect_leaks_nothing(
-    client: LeanHttp, monkeypatch: pytest.MonkeyPatch
+    client: HttpPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def never(host: str, port: int, **kwargs: object) -> trio.SocketStream:
         await trio.sleep_forever()
@@ -275,7 +286,7 @@ async def test_cancelled_connect_leaks_nothing(
 
     monkeypatch.setattr(trio, "open_tcp_stream", never)
     with trio.move_on_after(0.01) as scope:
-        await client.request("GET", "http://192.0.2.1:81/x")
+        await send_one(client, "GET", "http://192.0.2.1:81/x")
     assert scope.cancelled_caught
     assert_no_resource_warning()
 
@@ -302,11 +313,11 @@ def answer_once_two_are_in(server: Server) -> Callable[[Peer], Awaitable[None]]:
 
 async def test_aclose_closes_idle_connections(server: Server) -> None:
     server.handler = answer_once_two_are_in(server)
-    lean = LeanHttp(STATIC_HEADERS)
+    lean = HttpPool(STATIC_HEADERS)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lean.request, "GET", server.url("/a"))
-            nursery.start_soon(lean.request, "GET", server.url("/b"))
+            nursery.start_soon(send_one, lean, "GET", server.url("/a"))
+            nursery.start_soon(send_one, lean, "GET", server.url("/b"))
         assert server.accepted == 2
         assert not any(peer.client_closed.is_set() for peer in server.peers)
         await lean.aclose()
@@ -322,15 +333,15 @@ async def test_aclose_closes_even_when_cancelled_and_client_usable_afterwards(
 ) -> None:
     server.reply(response(b"one"))
     server.reply(response(b"two"))
-    lean = LeanHttp({})
+    lean = HttpPool({})
     try:
         with trio.fail_after(TIMEOUT):
-            await lean.request("GET", server.url("/1"))
+            await send_one(lean, "GET", server.url("/1"))
             with trio.CancelScope() as scope:
                 scope.cancel()
                 await lean.aclose()  # closes even inside a cancelled scope
             await server.peers[0].client_closed.wait()
-            assert (await lean.request("GET", server.url("/2"))).body == b"two"
+            assert (await send_one(lean, "GET", server.url("/2"))).body == b"two"
         assert server.accepted == 2
     finally:
         await lean.aclose()
@@ -344,18 +355,18 @@ async def test_aclose_closes_even_when_cancelled_and_client_usable_afterwards(
 @pytest.mark.parametrize("how", ["close", "reset"])
 @pytest.mark.parametrize("method", ["GET", "POST"])
 async def test_stale_connection_is_retried_on_a_fresh_one(
-    server: Server, client: LeanHttp, how: str, method: str
+    server: Server, client: HttpPool, how: str, method: str
 ) -> None:
     server.reply(response(b"first"))
     server.reply(response(b"second"))
     body = b'{"job": "done"}' if method == "POST" else b""
     with trio.fail_after(TIMEOUT):
-        assert (await client.request("GET", server.url("/1"))).body == b"first"
+        assert (await send_one(client, "GET", server.url("/1"))).body == b"first"
         # The server drops the idle kept-alive connection.
         idle = server.peers[0]
         await (idle.close() if how == "close" else idle.reset())
         await idle.done.wait()
-        answer = await client.request(method, server.url("/2"), body)
+        answer = await send_one(client, method, server.url("/2"), body)
     assert answer.body == b"second"
     assert server.accepted == 2
     # The request reached the server exactly once, on the fresh connection.
@@ -365,17 +376,17 @@ async def test_stale_connection_is_retried_on_a_fresh_one(
     ]
 
 
-async def test_several_stale_connections_are_all_skipped(server: Server, client: LeanHttp) -> None:
+async def test_several_stale_connections_are_all_skipped(server: Server, client: HttpPool) -> None:
     server.handler = answer_once_two_are_in(server)
     with trio.fail_after(TIMEOUT):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.request, "GET", server.url("/a"))
-            nursery.start_soon(client.request, "GET", server.url("/b"))
+            nursery.start_soon(send_one, client, "GET", server.url("/a"))
+            nursery.start_soon(send_one, client, "GET", server.url("/b"))
         assert server.accepted == 2
         for peer in list(server.peers):
             await peer.close()
             await peer.done.wait()
-        answer = await client.request("POST", server.url("/c"), b"once")
+        answer = await send_one(client, "POST", server.url("/c"), b"once")
     assert answer.body == b"/c"
     assert server.accepted == 3
     assert [(r.connection, r.body) for r in server.requests][-1] == (2, b"once")
@@ -383,27 +394,27 @@ async def test_several_stale_connections_are_all_skipped(server: Server, client:
 
 
 async def test_fresh_connection_closed_before_answer_is_not_retried(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     server.reply(then="close")
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError):
-        await client.request("POST", server.url("/x"), b"body")
+        await send_one(client, "POST", server.url("/x"), b"body")
     assert server.accepted == 1
     assert len(server.requests) == 1
 
 
 async def test_reset_after_response_head_on_reused_connection_is_not_retried(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     server.reply(response(b"first"))
     # Head (promising 10 bytes) then an abortive close before any body byte.
     server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", then="reset", pause=0.005)
     server.reply(response(b"duplicate"))
     with trio.fail_after(TIMEOUT):
-        await client.request("GET", server.url("/1"))
+        await send_one(client, "GET", server.url("/1"))
         try:
-            answer: HttpResponse | None = await client.request(
-                "POST", server.url("/done"), b"result"
+            answer: HttpResponse | None = await send_one(
+                client, "POST", server.url("/done"), b"result"
             )
         except TransportError:
             answer = None
@@ -413,13 +424,13 @@ async def test_reset_after_response_head_on_reused_connection_is_not_retried(
 
 
 async def test_close_after_interim_answer_on_reused_connection_is_not_retried(
-    server: Server, client: LeanHttp
+    server: Server, client: HttpPool
 ) -> None:
     server.reply(response(b"first"))
     server.reply(b"HTTP/1.1 100 Continue\r\n\r\n", then="close")
     server.reply(response(b"duplicate"))
     with trio.fail_after(TIMEOUT):
-        await client.request("GET", server.url("/1"))
+        await send_one(client, "GET", server.url("/1"))
         with pytest.raises(TransportError):
-            await client.request("POST", server.url("/done"), b"result")
+            await send_one(client, "POST", server.url("/done"), b"result")
     assert len([r for r in server.requests if r.method == "POST"]) == 1

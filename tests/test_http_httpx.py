@@ -10,12 +10,11 @@ import trio
 
 from trio_worker import TransportError
 from trio_worker._platform._http import (
+    HttpPool,
     HttpResponse,
-    LeanHttp,
     make_backend,
 )
-from trio_worker._platform._proxy import HttpxHttp
-from trio_worker._platform._routes import ProxyRoutes
+from trio_worker._platform._proxy import HttpxHttp, ProxyRoutes
 from trio_worker._proxies import any_proxy_configured
 
 if TYPE_CHECKING:
@@ -26,6 +25,7 @@ from .scripted_server import (
     TIMEOUT,
     Server,
     response,
+    send_one,
     server_fixture,  # noqa: F401 (a fixture)
 )
 
@@ -62,7 +62,7 @@ async def test_httpx_returns_status_lowercased_headers_and_raw_body(
 
     backend = mock_backend(handler, {"Authorization": "Bearer k"})
     try:
-        answer = await backend.request("POST", "http://platform.test/v2/done?x=1", b'{"a": 1}')
+        answer = await send_one(backend, "POST", "http://platform.test/v2/done?x=1", b'{"a": 1}')
     finally:
         await backend.aclose()
     assert answer.status == 202
@@ -83,7 +83,7 @@ async def test_httpx_empty_body_sends_no_content(seen: list[httpx.Request]) -> N
 
     backend = mock_backend(handler)
     try:
-        answer = await backend.request("GET", "http://platform.test/take")
+        answer = await send_one(backend, "GET", "http://platform.test/take")
     finally:
         await backend.aclose()
     assert (answer.status, answer.body) == (204, b"")
@@ -103,7 +103,7 @@ async def test_httpx_bogus_gzip_stream_is_returned_raw() -> None:
 
     backend = mock_backend(handler)
     try:
-        answer = await backend.request("GET", "http://platform.test/x")
+        answer = await send_one(backend, "GET", "http://platform.test/x")
     finally:
         await backend.aclose()
     assert answer == HttpResponse(
@@ -122,7 +122,7 @@ async def test_httpx_streamed_body_in_chunks() -> None:
 
     backend = mock_backend(handler)
     try:
-        answer = await backend.request("GET", "http://platform.test/x")
+        answer = await send_one(backend, "GET", "http://platform.test/x")
     finally:
         await backend.aclose()
     assert (answer.status, answer.body) == (500, b"abcdef")
@@ -139,7 +139,7 @@ async def test_httpx_transport_errors_become_transport_error(error: httpx.HTTPEr
     backend = mock_backend(handler)
     try:
         with pytest.raises(TransportError, match=type(error).__name__) as caught:
-            await backend.request("GET", "http://platform.test/x")
+            await send_one(backend, "GET", "http://platform.test/x")
     finally:
         await backend.aclose()
     assert caught.value.__cause__ is error
@@ -149,7 +149,7 @@ async def test_httpx_bad_url_is_transport_error() -> None:
     backend = mock_backend(lambda request: httpx.Response(200))
     try:
         with pytest.raises(TransportError):
-            await backend.request("GET", "http://platform.test:notaport/x")
+            await send_one(backend, "GET", "http://platform.test:notaport/x")
     finally:
         await backend.aclose()
 
@@ -160,7 +160,7 @@ async def test_httpx_over_loopback_bogus_gzip_is_raw(server: Server) -> None:
     backend = HttpxHttp(httpx.AsyncClient(trust_env=False))
     try:
         with trio.fail_after(TIMEOUT):
-            answer = await backend.request("POST", server.url("/x?y=1"), b"body")
+            answer = await send_one(backend, "POST", server.url("/x?y=1"), b"body")
     finally:
         await backend.aclose()
     assert (answer.status, answer.body, answer.headers["content-encoding"]) == (200, raw, "gzip")
@@ -184,7 +184,7 @@ def clean_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_make_backend_defaults_to_lean() -> None:
     backend = make_backend(STATIC_HEADERS, environ={})
     try:
-        assert isinstance(backend, LeanHttp)
+        assert isinstance(backend, HttpPool)
     finally:
         await backend.aclose()
 
@@ -193,7 +193,7 @@ async def test_make_backend_ignores_empty_proxy_variables() -> None:
     env = {"HTTPS_PROXY": "", "http_proxy": "", "NO_PROXY": "*"}
     backend = make_backend(STATIC_HEADERS, environ=env)
     try:
-        assert isinstance(backend, LeanHttp)
+        assert isinstance(backend, HttpPool)
     finally:
         await backend.aclose()
 
@@ -203,7 +203,7 @@ async def test_make_backend_uses_os_environ_by_default(
 ) -> None:
     lean = make_backend({})
     await lean.aclose()
-    assert isinstance(lean, LeanHttp)
+    assert isinstance(lean, HttpPool)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
     proxied = make_backend({})
     try:
@@ -224,7 +224,7 @@ async def test_behind_a_proxy_httpx_carries_the_request_to_it(
     try:
         assert isinstance(backend, ProxyRoutes)
         with trio.fail_after(TIMEOUT):
-            answer = await backend.request("POST", "http://platform.test/ping", b"ping")
+            answer = await send_one(backend, "POST", "http://platform.test/ping", b"ping")
     finally:
         await backend.aclose()
     assert (answer.status, answer.body) == (200, b"pong")
@@ -249,7 +249,7 @@ async def test_make_backend_with_proxy_variable_routes_through_httpx(
         scheme = "http" if name.lower() == "http_proxy" else "https"
         assert isinstance(backend.route(f"{scheme}://platform.test/x"), HttpxHttp)
         # Loopback is never proxied, whatever the variables say.
-        assert isinstance(backend.route(f"{scheme}://127.0.0.1:8000/x"), LeanHttp)
+        assert isinstance(backend.route(f"{scheme}://127.0.0.1:8000/x"), HttpPool)
     finally:
         await backend.aclose()
 

@@ -13,18 +13,18 @@ import trustme
 
 from trio_worker import ConfigurationError, TransportError
 from trio_worker._platform._http import (
-    LeanHttp,
+    HttpPool,
     make_backend,
 )
-from trio_worker._platform._proxy import HttpxHttp
-from trio_worker._platform._routes import ProxyRoutes
-from trio_worker._platform._tls import trust_context
+from trio_worker._platform._network import trust_context
+from trio_worker._platform._proxy import HttpxHttp, ProxyRoutes
 
 from .scripted_server import (
     TIMEOUT,
     Peer,
     Server,
     response,
+    send_one,
     server_fixture,  # noqa: F401 (a fixture)
 )
 
@@ -66,17 +66,17 @@ async def test_tls_with_a_trusted_certificate(nursery: trio.Nursery, ca: trustme
     port = await serve_tls(nursery, ca)
     context = ssl.create_default_context()
     ca.configure_trust(context)
-    lean = LeanHttp({}, ssl_context=context)
+    lean = HttpPool({}, ssl_context=context)
     with trio.fail_after(TIMEOUT):
-        assert (await lean.request("GET", f"https://127.0.0.1:{port}/")).body == b"secure"
+        assert (await send_one(lean, "GET", f"https://127.0.0.1:{port}/")).body == b"secure"
     await lean.aclose()
 
 
 async def test_tls_failure_says_why(nursery: trio.Nursery, ca: trustme.CA) -> None:
     port = await serve_tls(nursery, ca)
-    lean = LeanHttp({}, ssl_context=ssl.create_default_context())  # does not trust the CA
+    lean = HttpPool({}, ssl_context=ssl.create_default_context())  # does not trust the CA
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError) as caught:
-        await lean.request("GET", f"https://127.0.0.1:{port}/")
+        await send_one(lean, "GET", f"https://127.0.0.1:{port}/")
     message = str(caught.value)
     assert message.startswith("TLS handshake with 127.0.0.1 failed: ")
     assert "certificate" in message
@@ -86,9 +86,9 @@ async def test_tls_wrong_hostname_says_why(nursery: trio.Nursery, ca: trustme.CA
     port = await serve_tls(nursery, ca, hostname="other.test")
     context = ssl.create_default_context()
     ca.configure_trust(context)
-    lean = LeanHttp({}, ssl_context=context)
+    lean = HttpPool({}, ssl_context=context)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="TLS handshake with"):
-        await lean.request("GET", f"https://127.0.0.1:{port}/")
+        await send_one(lean, "GET", f"https://127.0.0.1:{port}/")
 
 
 async def test_a_server_that_never_handshakes_times_out_within_connect_timeout(
@@ -98,9 +98,9 @@ async def test_a_server_that_never_handshakes_times_out_within_connect_timeout(
         await peer.client_closed.wait()  # accepts TCP, never answers the ClientHello
 
     server.handler = silent
-    lean = LeanHttp({}, connect_timeout=0.05)
+    lean = HttpPool({}, connect_timeout=0.05)
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="timed out"):
-        await lean.request("GET", f"https://127.0.0.1:{server.port}/")
+        await send_one(lean, "GET", f"https://127.0.0.1:{server.port}/")
     assert server.requests == []
 
 
@@ -111,9 +111,9 @@ async def test_a_plain_http_server_behind_https_says_why(server: Server) -> None
         await peer.close()
 
     server.handler = plain
-    lean = LeanHttp({})
+    lean = HttpPool({})
     with trio.fail_after(TIMEOUT), pytest.raises(TransportError, match="TLS handshake with"):
-        await lean.request("GET", f"https://127.0.0.1:{server.port}/")
+        await send_one(lean, "GET", f"https://127.0.0.1:{server.port}/")
 
 
 async def test_ssl_cert_file_is_honoured_by_every_client(
@@ -129,9 +129,9 @@ async def test_ssl_cert_file_is_honoured_by_every_client(
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     trust_context.cache_clear()
     try:
-        lean = LeanHttp({})
+        lean = HttpPool({})
         with trio.fail_after(TIMEOUT):
-            assert (await lean.request("GET", f"https://127.0.0.1:{port}/")).body == b"secure"
+            assert (await send_one(lean, "GET", f"https://127.0.0.1:{port}/")).body == b"secure"
         await lean.aclose()
         proxied = make_backend({}, environ={"HTTPS_PROXY": "http://unused"})
         assert isinstance(proxied, ProxyRoutes)

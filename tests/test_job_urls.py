@@ -12,8 +12,10 @@ import trio.testing
 
 import trio_worker.testing
 from trio_worker._config import Settings, job_path_segment
-from trio_worker._platform._http import LeanHttp
+from trio_worker._platform._http import HttpPool
 from trio_worker.testing import FakePlatform, memory_network, run_platform_server
+
+from .scripted_server import send_one
 
 ODD_IDS = ["a?x=1", "a#b", "a&isStream=true", "a b", "café", "w/x", "100%", "a%2Fb", "中/😀"]
 TEMPLATE_ENV = {
@@ -67,15 +69,15 @@ async def test_the_fake_platform_decodes_each_path_segment(
     ids = [platform.enqueue({}, job_id=job_id) for job_id in ["a", *ODD_IDS]]
     config = platform_config()
     async with memory_network(platform) as opener:
-        client = LeanHttp({}, open_stream=opener)
+        client = HttpPool({}, open_stream=opener)
         # The platform hands the jobs out, then each result is posted to its own URL.
         for _ in ids:
             take = config.take_request_url(1, in_progress=False)
-            assert (await client.request("GET", take)).status == 200
+            assert (await send_one(client, "GET", take)).status == 200
         for job_id in ODD_IDS:
             url = config.done_url(job_id, is_stream=False)
             body = b'{"output": "%s"}' % job_path_segment(job_id).encode()
-            assert (await client.request("POST", url, body)).status == 200
+            assert (await send_one(client, "POST", url, body)).status == 200
         await client.aclose()
     for job_id in ODD_IDS:
         assert platform.job(job_id).output == job_path_segment(job_id), job_id

@@ -1,4 +1,4 @@
-"""The lean client's socket stream (trio_worker/_platform/_socket.py): it yields only to
+"""The pool's socket stream (trio_worker/_platform/_network.py): it yields only to
 wait, and still behaves as a trio stream where it matters (closing, conflicts, a large
 write, the end of the peer)."""
 
@@ -12,8 +12,8 @@ import trio
 import trio.testing
 
 from trio_worker._platform._connection import Connection
+from trio_worker._platform._network import LeanSocketStream
 from trio_worker._platform._request import Origin
-from trio_worker._platform._socket import LeanSocketStream
 
 TIMEOUT = 5.0  # a safety bound on each wait; never reached when the code is right
 

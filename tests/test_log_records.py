@@ -10,7 +10,7 @@ text is unchanged: only what the record holds on to is.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -65,9 +65,15 @@ def keeper() -> Iterator[Keeper]:
 class Refusing:
     """An HTTP backend whose every request fails below HTTP."""
 
-    async def request(
-        self, method: str, url: str, body: bytes = b"", *, max_body: int = 0
-    ) -> HttpResponse:
+    async def exchange(
+        self,
+        method: str,
+        requests: Sequence[tuple[str, bytes]],
+        answers: list[HttpResponse] | None = None,
+        *,
+        max_body: int = 0,
+        keep_body: int | None = None,
+    ) -> list[HttpResponse]:
         raise TransportError("connection refused by 127.0.0.1:9")
 
     async def aclose(self) -> None:

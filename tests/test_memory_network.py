@@ -16,10 +16,12 @@ import trio.testing
 from trio_worker import Timings, TransportError
 from trio_worker._config import platform_from_env
 from trio_worker._platform._client import PlatformClient
-from trio_worker._platform._http import LeanHttp
+from trio_worker._platform._http import HttpPool
 from trio_worker.testing import FakePlatform
 from trio_worker.testing._http_server import AbortConnection
 from trio_worker.testing._memory import memory_network
+
+from .scripted_server import send_one
 
 if TYPE_CHECKING:
     from trio_worker._platform._http import StreamOpener
@@ -68,8 +70,8 @@ class Counting:
 async def test_a_request_over_memory_streams(autojump_clock: trio.testing.MockClock) -> None:
     app = App()
     async with memory_network(app) as opener:
-        client = LeanHttp({"Authorization": "k"}, open_stream=opener)
-        answer = await client.request("GET", URL)
+        client = HttpPool({"Authorization": "k"}, open_stream=opener)
+        answer = await send_one(client, "GET", URL)
         await client.aclose()
     assert (answer.status, answer.body) == (200, b"answer 1")
     assert answer.headers["content-length"] == "8"
@@ -82,8 +84,8 @@ async def test_an_exception_leaves_the_block_as_it_came(
     # runs the worker inside this block, and its callers catch InitializationError.
     async def use_then_fail() -> None:
         async with memory_network(App()) as opener:
-            client = LeanHttp({}, open_stream=opener)
-            await client.request("GET", URL)
+            client = HttpPool({}, open_stream=opener)
+            await send_one(client, "GET", URL)
             await client.aclose()
             raise KeyError("raised inside")
 
@@ -96,8 +98,8 @@ async def test_keep_alive_reuses_one_connection(autojump_clock: trio.testing.Moc
     app = App()
     async with memory_network(app) as opener:
         counting = Counting(opener)
-        client = LeanHttp({}, open_stream=counting)
-        bodies = [(await client.request("POST", URL, b"b")).body for _ in range(3)]
+        client = HttpPool({}, open_stream=counting)
+        bodies = [(await send_one(client, "POST", URL, b"b")).body for _ in range(3)]
         await client.aclose()
     assert bodies == [b"answer 1", b"answer 2", b"answer 3"]
     assert counting.opened == 1
@@ -109,11 +111,11 @@ async def test_a_server_side_drop_is_a_transport_error(
     app = App()
     async with memory_network(app) as opener:
         counting = Counting(opener)
-        client = LeanHttp({}, open_stream=counting)
+        client = HttpPool({}, open_stream=counting)
         with pytest.raises(TransportError, match="closed the connection"):
-            await client.request("GET", "http://platform.test/drop")
+            await send_one(client, "GET", "http://platform.test/drop")
         # The broken connection was not pooled: the next request opens a new one.
-        assert (await client.request("GET", URL)).body == b"answer 2"
+        assert (await send_one(client, "GET", URL)).body == b"answer 2"
         await client.aclose()
     assert counting.opened == 2
 
@@ -124,10 +126,10 @@ async def test_an_idle_connection_the_server_closed_is_retried_on_a_fresh_one(
     app = App()
     async with memory_network(app, keep_alive_timeout=5.0) as opener:
         counting = Counting(opener)
-        client = LeanHttp({}, open_stream=counting)
-        await client.request("GET", URL)
+        client = HttpPool({}, open_stream=counting)
+        await send_one(client, "GET", URL)
         await trio.sleep(10)  # the server's keep-alive timeout closes the idle connection
-        assert (await client.request("GET", URL)).body == b"answer 2"
+        assert (await send_one(client, "GET", URL)).body == b"answer 2"
         await client.aclose()
     assert counting.opened == 2
     assert app.requests == 2
@@ -137,8 +139,8 @@ async def test_waits_run_on_the_virtual_clock(autojump_clock: trio.testing.MockC
     wall = time.monotonic()
     start = trio.current_time()
     async with memory_network(App()) as opener:
-        client = LeanHttp({}, open_stream=opener)
-        answer = await client.request("GET", "http://platform.test/slow")
+        client = HttpPool({}, open_stream=opener)
+        answer = await send_one(client, "GET", "http://platform.test/slow")
         await client.aclose()
     assert answer.status == 200
     assert trio.current_time() - start == pytest.approx(100)
@@ -150,10 +152,10 @@ async def test_a_cancelled_request_closes_its_connection(
 ) -> None:
     async with memory_network(App()) as opener:
         counting = Counting(opener)
-        client = LeanHttp({}, open_stream=counting)
+        client = HttpPool({}, open_stream=counting)
         with trio.move_on_after(1):
-            await client.request("GET", "http://platform.test/slow")
-        assert (await client.request("GET", URL)).body == b"answer 2"
+            await send_one(client, "GET", "http://platform.test/slow")
+        assert (await send_one(client, "GET", URL)).body == b"answer 2"
         await client.aclose()
     assert counting.opened == 2
 
@@ -169,7 +171,7 @@ async def test_the_platform_client_takes_a_job_from_the_fake_platform(
     config = platform_from_env(platform.worker_env("https://platform.test"))
     async with memory_network(platform) as opener:
         client = PlatformClient(config, Timings(), open_stream=opener)
-        assert isinstance(client.polls, LeanHttp)
+        assert isinstance(client.polls, HttpPool)
         taken = await client.take(1, in_progress=False)
         empty = await client.take(1, in_progress=True)
         await client.aclose()
@@ -182,10 +184,10 @@ async def test_aclose_closes_every_idle_connection_even_when_cancelled(
 ) -> None:
     async with memory_network(App()) as opener:
         counting = Counting(opener)
-        client = LeanHttp({}, open_stream=counting)
+        client = HttpPool({}, open_stream=counting)
         async with trio.open_nursery() as nursery:
             for _ in range(3):  # at once: three connections, all pooled afterwards
-                nursery.start_soon(client.request, "GET", "http://platform.test/slow")
+                nursery.start_soon(send_one, client, "GET", "http://platform.test/slow")
         assert counting.opened == 3
         with trio.CancelScope() as scope:
             scope.cancel()

@@ -20,7 +20,7 @@ from trio_worker._platform._heartbeat import (
     ping_params,
     ping_url,
 )
-from trio_worker._platform._http import LeanHttp
+from trio_worker._platform._http import HttpPool
 from trio_worker._version import __version__
 from trio_worker.testing import memory_network
 from trio_worker.testing._http_server import AbortConnection, Receive, Scope, Send
@@ -96,10 +96,10 @@ class PingApp:
 
 
 @contextlib.asynccontextmanager
-async def lean_pings(app: PingApp) -> AsyncIterator[LeanHttp]:
+async def lean_pings(app: PingApp) -> AsyncIterator[HttpPool]:
     """The worker's lean client (as the worker hands it to heartbeat_task) to *app*."""
     async with memory_network(app) as opener:
-        client = LeanHttp({"Authorization": KEY}, open_stream=opener)
+        client = HttpPool({"Authorization": KEY}, open_stream=opener)
         try:
             yield client
         finally:
@@ -189,7 +189,7 @@ async def test_heartbeat_task_cuts_a_ping_at_its_deadline(
             await send({"type": "http.response.body", "body": b"x", "more_body": True})
 
     async with memory_network(dripping) as opener:
-        client = LeanHttp({}, open_stream=opener)
+        client = HttpPool({}, open_stream=opener)
         start = trio.current_time()
         with trio.move_on_after(30.5):
             await heartbeat_task(client, "http://p.test/ping", 10.0, Held("held"))

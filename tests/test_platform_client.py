@@ -302,7 +302,7 @@ async def test_take_with_undecodable_body_is_a_handled_error() -> None:
     assert response.empty
 
 
-# --- post_once: one attempt at a report -----------------------------------------------------
+# --- post: one attempt at a report -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -316,13 +316,14 @@ async def test_take_with_undecodable_body_is_a_handled_error() -> None:
         (httpx.ConnectError("down"), None, None, "closed the connection before answering"),
     ],
 )
-async def test_post_once_makes_one_attempt_and_records_it_as_answered(
+async def test_a_post_makes_one_attempt_and_records_it_as_answered(
     reply: Reply, status: int | None, asked: float | None, error: str | None
 ) -> None:
     fake = FakePlatform([reply, httpx.Response(200)])
     outcome = ReportOutcome(attempts=2, retry_after=7.0)
     async with client_for(fake) as client:
-        assert await client.post_once(DONE_URL, b"{}", 10.0, outcome) == status
+        answers = await client.post([(DONE_URL, b"{}")], outcome)
+    assert [answer.status for answer in answers] == ([] if status is None else [status])
     assert len(fake.seen) == 1  # retrying is the delivery's (tests/test_report_retries.py)
     assert outcome.attempts == 3
     assert outcome.delivered is (status == 200)
@@ -340,7 +341,7 @@ async def test_authorization_is_the_raw_key_on_every_route() -> None:
     async with client_for(fake) as client:
         await client.take(1, in_progress=False)
         await client.poll_stop()
-        await client.post_once(DONE_URL, b"{}", 10.0, ReportOutcome())
+        await client.post([(DONE_URL, b"{}")], ReportOutcome())
     assert len(fake.seen) == 3
     for seen in fake.seen:
         assert seen.request.headers["authorization"] == KEY
@@ -431,7 +432,7 @@ async def test_aclose_closes_both_clients() -> None:
     with pytest.raises(RuntimeError):
         await client.take(1, in_progress=False)
     with pytest.raises(RuntimeError):
-        await client.post_once(DONE_URL, b"{}", 10.0, ReportOutcome())
+        await client.post([(DONE_URL, b"{}")], ReportOutcome())
     assert fake.seen == []
 
 

@@ -24,9 +24,8 @@ from trio_worker._config import platform_from_env
 from trio_worker._fitness._reach import dial_target
 from trio_worker._platform._client import PlatformClient
 from trio_worker._platform._heartbeat import HeartbeatThread
-from trio_worker._platform._http import LeanHttp
-from trio_worker._platform._proxy import HttpxHttp
-from trio_worker._platform._routes import ProxyRoutes
+from trio_worker._platform._http import HttpPool
+from trio_worker._platform._proxy import HttpxHttp, ProxyRoutes
 from trio_worker._proxies import check_proxies, proxy_for
 from trio_worker.testing import FakePlatform, run_platform_server
 
@@ -278,7 +277,7 @@ async def test_every_client_of_the_worker_follows_no_proxy_for_the_platform() ->
         for backend in backends:
             assert isinstance(backend, ProxyRoutes)
             for url in (*platform.urls, "https://api.runpod.ai/v2/ep/job-done/w/j"):
-                assert isinstance(backend.route(url), LeanHttp), url
+                assert isinstance(backend.route(url), HttpPool), url
             assert isinstance(backend.route("https://huggingface.co/x"), HttpxHttp)
     finally:
         await client.aclose()

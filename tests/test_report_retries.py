@@ -1,6 +1,6 @@
 """Delivery.post, the one retry policy of reports: retries, backoff, Retry-After, attempt
 timeouts, over the in-memory network in virtual time (the scripted platform of
-tests/test_platform_client.py), each attempt the platform client's ``post_once``.
+tests/test_platform_client.py), each attempt one ``post`` of the platform client.
 
 See docs/protocol.md §2.3 and docs/design.md §5."""
 

@@ -79,8 +79,8 @@ def test_a_proxy_still_gets_the_httpx_client_and_only_for_a_proxied_origin() -> 
         "print(json.dumps(seen))\n"
     )
     behind_a_proxy = _python(code, HTTPS_PROXY="http://proxy.test:3128", NO_PROXY="direct.test")
-    assert behind_a_proxy == ["ProxyRoutes", "LeanHttp", False, "HttpxHttp", True]
-    assert _python(code) == ["LeanHttp", False, False]
+    assert behind_a_proxy == ["ProxyRoutes", "HttpPool", False, "HttpxHttp", True]
+    assert _python(code) == ["HttpPool", False, False]
 
 
 # A production worker (trio_worker.start, the trio backend for a sync handler) reports, as

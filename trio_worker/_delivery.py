@@ -6,7 +6,7 @@ Theory of operation
 the small ``ResultRefused`` report after a 400 or 413, progress updates
 (:class:`ProgressPosts`, below) and stream chunks sent again on their own
 (``_chunk_convoy.py``). Each attempt is one
-:meth:`~._platform._client.PlatformClient.post_once` under its own timeout, grown with
+:meth:`~._platform._client.PlatformClient.post` under its own timeout, grown with
 the body's size, so one hung connection costs one attempt, not the budget.
 Between attempts it waits the jittered backoff, or what a ``Retry-After`` asked within the
 one floor and cap of every route (``_pacing.rate_limit_wait``), never less than the
@@ -103,7 +103,8 @@ class Delivery:
         """
         bound = self.timings.report_attempt_bound(len(body))
         while True:
-            status = await self.client.post_once(url, body, bound, outcome)
+            answers = await self.client.post([(url, body)], outcome)
+            status = answers[0].status if answers else None
             if outcome.delivered or (status is not None and not is_retryable(status)):
                 return
             if superseded is not None and superseded():

@@ -148,11 +148,11 @@ def loopback_opener(host: str, port: int) -> StreamOpener:
     reading the proxy variables, for every route, the heartbeat included.
     """
 
-    from ._platform._socket import LeanSocketStream
+    from ._platform._network import open_tcp_stream
 
     async def open_stream(_host: str, _port: int, tls: bool) -> trio.abc.Stream:
         # The stream production's plain-HTTP connects make, so local runs take its path.
-        return LeanSocketStream.adopt(await trio.open_tcp_stream(host, port))
+        return await open_tcp_stream(host, port)
 
     return open_stream
 

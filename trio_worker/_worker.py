@@ -271,7 +271,7 @@ def _build(
         settings,
         payloads,
         ChunkConvoy(
-            client.post_pipelined,
+            client.post,
             beside_the_jobs,
             delivery=delivery,
             linger=options.backend.round_linger,

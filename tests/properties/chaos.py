@@ -23,7 +23,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import trio
 
 from trio_worker._config import MAX_ANSWER_BYTES
-from trio_worker._platform._http import PipeliningBackend
 from trio_worker.testing import FakePlatform
 from trio_worker.testing._http_server import AbortConnection, ClientDisconnected
 
@@ -31,6 +30,8 @@ from .recorder import Exchange, Recorder, StopDelivery
 from .scenario import PLAIN, NetStep
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from trio_worker._platform._http import HttpBackend, HttpResponse, StreamOpener
 
 
@@ -183,8 +184,26 @@ class RecordingBackend:
         self._inner = inner
         self._rec = rec
 
-    async def request(
-        self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
+    async def exchange(
+        self,
+        method: str,
+        requests: Sequence[tuple[str, bytes]],
+        answers: list[HttpResponse] | None = None,
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+        keep_body: int | None = None,
+    ) -> list[HttpResponse]:
+        """The client's one entry point: a request alone, or stream chunks in one round."""
+        answers = [] if answers is None else answers
+        if len(requests) == 1:
+            url, body = requests[0]
+            answers.append(await self._one(method, url, body, max_body, keep_body))
+        else:
+            await self._round(method, requests, answers, max_body, keep_body)
+        return answers
+
+    async def _one(
+        self, method: str, url: str, body: bytes, max_body: int, keep_body: int | None
     ) -> HttpResponse:
         rec = self._rec
         if time.monotonic() - rec.wall_start > WALL_LIMIT:
@@ -206,7 +225,9 @@ class RecordingBackend:
         ex.net = step = rec.next_step(route, index)
         token = _CHAOS.set(Chaos(step))
         try:
-            response = await self._inner.request(method, url, body, max_body=max_body)
+            [response] = await self._inner.exchange(
+                method, [(url, body)], max_body=max_body, keep_body=keep_body
+            )
         except BaseException as exc:
             ex.end_seq, ex.end_time = rec.tick()
             ex.outcome = "cancelled" if only_cancelled(exc) else "error"
@@ -227,18 +248,17 @@ class RecordingBackend:
                     )
         return response
 
-    async def pipeline(
+    async def _round(
         self,
         method: str,
-        requests: list[tuple[str, bytes]],
+        requests: Sequence[tuple[str, bytes]],
         answers: list[HttpResponse],
-        *,
-        max_body: int = MAX_ANSWER_BYTES,
+        max_body: int,
+        keep_body: int | None,
     ) -> None:
         """Stream chunks written at once (of one job or several): one exchange per chunk,
         one network step for the batch (one write, its answers read back together)."""
         inner = self._inner
-        assert isinstance(inner, PipeliningBackend)
         rec = self._rec
         seq, now = rec.tick()
         first = len(rec.exchanges)
@@ -253,7 +273,7 @@ class RecordingBackend:
         token = _CHAOS.set(Chaos(step))
         failure: BaseException | None = None
         try:
-            await inner.pipeline(method, requests, answers, max_body=max_body)
+            await inner.exchange(method, requests, answers, max_body=max_body, keep_body=keep_body)
         except BaseException as exc:
             failure = exc
             raise

@@ -7,7 +7,7 @@ handshake when the URL is ``https``, against the worker's one trust store. When 
 proxy variables send that URL through a proxy (:func:`trio_worker._proxies.proxy_for`, the
 rule every connection of the worker follows, ``NO_PROXY`` included), it dials the proxy.
 
-The unhealthy ping goes through the platform client's own request path (the lean client,
+The unhealthy ping goes through the platform client's own request path (the pool,
 or httpx behind a proxy), once, bounded by :data:`UNHEALTHY_PING_BOUND`, and never raises:
 the exit that follows is the guarantee, not the report (docs/protocol.md §7).
 """
@@ -20,10 +20,10 @@ from urllib.parse import urlencode, urlsplit
 
 import trio
 
-from .._config import MAX_ANSWER_BYTES, with_query
+from .._config import with_query
 from .._exceptions import TransportError
 from .._platform._client import PlatformClient
-from .._platform._tls import open_tls_stream, trust_context
+from .._platform._network import open_tls_stream, trust_context
 from .._proxies import proxy_for
 from .._version import __version__
 
@@ -118,7 +118,7 @@ async def send_unhealthy_ping(
     try:
         with trio.move_on_after(UNHEALTHY_PING_BOUND):
             try:
-                response = await client.polls.request("GET", url, max_body=MAX_ANSWER_BYTES)
+                [response] = await client.polls.exchange("GET", [(url, b"")])
                 status = response.status
             except TransportError as exc:
                 log.warning("unhealthy ping not sent: %s", exc)

@@ -4,7 +4,7 @@ Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, st
 progress) the other. Cancelling a long-poll can leak a pool slot under contention
 (encode/httpcore#1093), and a report must never wait behind that.
 
-Every request here is a single attempt: what is worth another, and when, is decided
+Every call here is a single attempt: what is worth another, and when, is decided
 elsewhere, once (the reports' retries in :meth:`~trio_worker._delivery.Delivery.post`, the
 long-polls' pauses in the supervisor's one poll loop, both waits paced by
 :mod:`trio_worker._pacing`). A ``Retry-After`` is parsed here (:func:`retry_after`) and
@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .._config import MAX_ANSWER_BYTES, MAX_TAKE_ANSWER_BYTES
+from .._config import MAX_TAKE_ANSWER_BYTES
 from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
-from ._connection import PipeliningUnsupported, ServerKinds
-from ._http import HttpResponse, PipeliningBackend, make_backend
+from ._connection import HttpResponse, PipeliningUnsupported
+from ._http import ServerKinds, make_backend
 from ._wire import TakeResponse, parse_oversized_take, parse_stop, parse_take
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class PlatformClient:
     """Speaks the worker routes for one worker.
 
     Production passes none of the keywords. *open_stream* replaces the TCP/TLS connect of
-    the lean client (the in-memory network to the fake platform, in virtual time);
+    the pool (the in-memory network to the fake platform, in virtual time);
     *wrap_backend* wraps both HTTP clients (the property suite records every request).
     """
 
@@ -78,6 +78,7 @@ class PlatformClient:
             # The take's first answer shows what the platform is before a chunk goes.
             servers=ServerKinds(),
         )
+        # A take and a stop poll at a time, and the fitness check's one request.
         self.polls = backend(headers, max_connections=4)
         # A report's answer matters by its status (and Retry-After) alone: of its body only
         # a little is kept, so a round of pipelined chunks holds little however large the
@@ -88,9 +89,12 @@ class PlatformClient:
         if wrap_backend is not None:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
         # Stream chunks are pipelined until the platform shows it cannot take that
-        # (docs/protocol.md §2.4); httpx (behind a proxy) never pipelines.
-        reports = self._reports
-        self._pipelining = reports if isinstance(reports, PipeliningBackend) else None
+        # (docs/protocol.md §2.4).
+        self._pipelining = True
+
+    def __repr__(self) -> str:
+        pipelining = "pipelining" if self._pipelining else "one request at a time"
+        return f"<PlatformClient polls={self.polls!r} reports={self._reports!r}, {pipelining}>"
 
     async def aclose(self) -> None:
         # Each backend closes its own connections even when cancelled; this only makes
@@ -119,7 +123,9 @@ class PlatformClient:
         url = self.take_url(count, in_progress=in_progress)
         # Generous: a batch of jobs with large inputs (docs/protocol.md §2.0).
         try:
-            response = await self.polls.request("GET", url, max_body=MAX_TAKE_ANSWER_BYTES)
+            [response] = await self.polls.exchange(
+                "GET", [(url, b"")], max_body=MAX_TAKE_ANSWER_BYTES
+            )
         except AnswerTooLarge as exc:
             if not 200 <= exc.status < 300:
                 raise
@@ -143,7 +149,7 @@ class PlatformClient:
             RateLimited, PlatformError, TransportError: as :meth:`take`.
         """
         assert self.config.stop_url is not None
-        response = await self.polls.request("GET", self.config.stop_url, max_body=MAX_ANSWER_BYTES)
+        [response] = await self.polls.exchange("GET", [(self.config.stop_url, b"")])
         status = response.status
         if status == 204:
             return []
@@ -158,90 +164,80 @@ class PlatformClient:
 
     # -- reports --------------------------------------------------------------------------
 
-    async def post_pipelined(self, requests: list[tuple[str, bytes]]) -> list[HttpResponse]:
-        """One attempt at every ``(url, body)`` POST, pipelined on one connection: the
-        answers, in order, for a prefix of *requests* (all of them when all went well; none
-        when pipelining is off). Never raises for platform trouble: what was not answered
-        is the caller's to send again.
+    async def post(
+        self, requests: list[tuple[str, bytes]], outcome: ReportOutcome | None = None
+    ) -> list[HttpResponse]:
+        """One attempt at every ``(url, body)`` POST (a report; several are stream chunks,
+        pipelined on one connection) within the attempt's bound, grown with the bodies'
+        size: the answers, in order, to a prefix of *requests*. Never raises for platform
+        trouble: what was not answered is the caller's to send again.
 
-        A platform that answers part of a batch and then nothing within the attempt's
-        timeout does not take pipelined requests (a proxy in the way, say): pipelining is
-        then turned off for good, with a warning, and chunks go one at a time. So it is,
-        with one line, when the client finds the platform cannot take them
-        (:class:`PipeliningUnsupported`: HTTP/1.0, answers delimited by the close, a
-        proxy); then nothing behind the answered prefix was sent.
+        *outcome* (of a single report) counts the attempt and records how it went:
+        acknowledged (any 2xx), the status, the error (a transport error's text, or "no
+        answer within" the bound: one hung connection costs one attempt), and, on a 429 or
+        503, the ``Retry-After`` asked for, as parsed (None when absent or unreadable).
+
+        Several go out together only while pipelining is on (else none is sent). A
+        platform that answers part of a batch and then nothing within the bound does not
+        take pipelined requests (a proxy in the way, say): pipelining is then turned off
+        for good, with a warning, and chunks go one at a time. So it is, with one line,
+        when the client finds the platform cannot take them (:class:`PipeliningUnsupported`:
+        HTTP/1.0, answers delimited by the close, a proxy); then nothing behind the
+        answered prefix was sent.
         """
-        backend = self._pipelining
-        if backend is None:
+        several = len(requests) > 1
+        if several and not self._pipelining:
             return []
         bound = self.timings.report_attempt_bound(sum(len(body) for _, body in requests))
         answers: list[HttpResponse] = []
+        error: str | None = None
         with trio.move_on_after(bound) as scope:
             try:
-                await backend.pipeline("POST", requests, answers)
+                await self._reports.exchange("POST", requests, answers)
             except PipeliningUnsupported as exc:
-                self._pipelining = None
+                self._pipelining = False
                 log.info("stream chunks now go one request at a time: %s", exc)
                 return answers
             except AnswerTooLarge as exc:
-                # The answer's status is known; the round ends with it (the rest of its
+                # The answer's status is known; the exchange ends with it (the rest of its
                 # body was not read, so the connection is gone).
                 answers.append(answer_too_large(exc))
             except TransportError as exc:
-                log.debug(
-                    "%d of %d pipelined stream chunks answered: %s",
+                error = f"{type(exc).__name__}: {exc}"
+                if several:
+                    log.debug(
+                        "%d of %d stream chunks answered: %s", len(answers), len(requests), exc
+                    )
+        if scope.cancelled_caught:
+            # The cancelled exchange closed its connection; the next attempt opens another.
+            error = f"no answer within {bound:.1f}s"
+            if several and answers:
+                self._pipelining = False
+                log.warning(
+                    "the platform answered %d of %d pipelined stream chunks, then nothing for "
+                    "%.1fs: stream chunks now go one request at a time",
                     len(answers),
                     len(requests),
-                    exc,
+                    bound,
                 )
-        if scope.cancelled_caught and answers:
-            self._pipelining = None
-            log.warning(
-                "the platform answered %d of %d pipelined stream chunks, then nothing for "
-                "%.1fs: stream chunks now go one request at a time",
-                len(answers),
-                len(requests),
-                bound,
-            )
+        if outcome is not None:
+            outcome.attempts += 1
+            outcome.retry_after = None
+            if not answers:
+                outcome.last_error = error
+            else:
+                outcome.status = status = answers[0].status
+                if 200 <= status < 300:
+                    outcome.delivered, outcome.last_error = True, None
+                else:
+                    outcome.last_error = f"HTTP {status}"
+                    outcome.retry_after = asked_pause(answers[0])
         return answers
 
     @property
     def pipelining(self) -> bool:
-        """Whether stream chunks may still be pipelined (see :meth:`post_pipelined`)."""
-        return self._pipelining is not None
-
-    async def post_once(
-        self, url: str, body: bytes, bound: float, outcome: ReportOutcome
-    ) -> int | None:
-        """One POST of a report (or a stream chunk) within *bound* seconds: the status
-        answered, or None for none. Never raises for platform trouble.
-
-        *outcome* counts the attempt and records how it went: acknowledged (any 2xx), the
-        status, the error (a transport error's text, or "no answer within" the bound: one
-        hung connection costs one attempt), and, on a 429 or 503, the ``Retry-After``
-        asked for, as parsed (None when absent or unreadable).
-        """
-        outcome.attempts += 1
-        outcome.retry_after = None
-        with trio.CancelScope(deadline=trio.current_time() + bound) as scope:
-            try:
-                response = await self._reports.request("POST", url, body)
-            except AnswerTooLarge as exc:
-                response = answer_too_large(exc)
-            except TransportError as exc:
-                outcome.last_error = f"{type(exc).__name__}: {exc}"
-                return None
-        if scope.cancelled_caught:
-            # The cancelled request closed its connection; the next attempt opens another.
-            outcome.last_error = f"no answer within {bound:.1f}s"
-            return None
-        outcome.status = status = response.status
-        if 200 <= status < 300:
-            outcome.delivered, outcome.last_error = True, None
-        else:
-            outcome.last_error = f"HTTP {status}"
-            outcome.retry_after = asked_pause(response)
-        return status
+        """Whether stream chunks may still be pipelined (see :meth:`post`)."""
+        return self._pipelining
 
 
 @dataclass

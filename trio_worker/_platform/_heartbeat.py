@@ -6,7 +6,7 @@ It runs in a daemon thread of its own, not in the event loop, so a handler that 
 loop does not silence it, and not in a second process, so it can never outlive the worker
 and report a dead worker as alive (docs/protocol.md §8 item 16). The thread runs a trio
 loop of its own that drives the worker's one HTTP client (:func:`~._http.make_backend`: the
-lean client, or httpx behind a proxy) on a connection of its own, so a ping is read by the
+pool, or httpx behind a proxy) on a connection of its own, so a ping is read by the
 same parser, under the same reuse rule, as every other request.
 
 Each ping has one deadline for the whole of it (connect, write, the whole answer): the
@@ -30,7 +30,7 @@ from urllib.parse import quote_plus, urlencode
 
 import trio
 
-from .._config import MAX_ANSWER_BYTES, MAX_PING_URL_BYTES, with_query
+from .._config import MAX_PING_URL_BYTES, with_query
 from .._version import __version__
 from ._http import make_backend
 from ._request import check_headers
@@ -122,7 +122,7 @@ class Pinger:
             url = self.urls(self.held())
             # One deadline for the whole ping: when the next one is due.
             with trio.move_on_after(self.interval) as scope:
-                await backend.request("GET", url, max_body=MAX_ANSWER_BYTES)
+                await backend.exchange("GET", [(url, b"")])
             if scope.cancelled_caught:
                 log.warning("ping failed: no whole answer within %.2fs", self.interval)
             else:

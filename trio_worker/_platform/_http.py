@@ -1,89 +1,76 @@
-"""The HTTP the worker speaks: one lean HTTP/1.1 client on trio streams, httpx behind a proxy.
+"""The worker's HTTP client: one pool, one entry point, h11 reading every answer.
 
-Why a client of our own: the platform protocol is a handful of tiny requests to a few
-fixed URLs, and every job costs at least two of them. httpx spends about 0.6-1.2 ms of CPU
-per request on its general machinery (benchmarks/results: 468 jobs/s for a bare httpx
-take+done loop against 2,397 for a raw one), which is the worker's whole budget at the
-throughput docs/design.md §11 asks for. :class:`LeanHttp` carries every platform route
-(take, done, stream, stop, progress and the heartbeat's ping) on one request path, one
-parser and one connection-reuse rule (:mod:`._lean`).
+The platform protocol is a handful of tiny requests to a few fixed URLs, and every job
+costs at least two of them; a general client's machinery per request is the worker's
+whole CPU budget (docs/benchmarks.md). :class:`HttpPool` carries every platform route
+(take, done, stream, stop, progress, the heartbeat's ping) through one entry point,
+:meth:`HttpPool.exchange`: a single request is an exchange of one, pipelined stream
+chunks an exchange of several. Its answers are read by :mod:`._connection`, on one reuse
+rule.
 
-:class:`~._proxy.HttpxHttp` keeps httpx for the one thing the lean client does not do: a
-proxy, for the origins the ``*_PROXY`` variables send through one (:mod:`._routes`, by the
-one reading of them, :mod:`trio_worker._proxies`); :mod:`._proxy` is imported only then, so
-a worker with no proxy never imports httpx. Both raise the package's
-:class:`~trio_worker.TransportError` for every failure below HTTP, so callers handle one
-family and never see ``httpx`` or ``h11``. Both read at most ``max_body`` bytes of an
-answer (docs/protocol.md §2.0).
+The pool, as httpcore's: at most ``max_connections`` open connections, in use and idle
+together; a request that finds all of them in use waits for one (within its caller's
+deadline), and an idle connection to another origin is closed to make room. An idle
+connection is used again only when it is quiet and has been idle for at most
+``keepalive_expiry`` (a server closes idle connections on a timeout of its own; an older
+one is closed instead). One deadline per request: the caller's cancel scope bounds the
+whole of it (connect, write, every byte of the answer), never a timeout per read; the
+connect alone also has its own bound, ``connect_timeout``. A request cancelled mid-flight
+closes its connection, so cancellation never leaks a slot (encode/httpcore#1093).
 
-Where connections come from is injectable: a :data:`StreamOpener` ``(host, port, tls) ->
+With a proxy variable set, :func:`make_backend` returns :class:`._proxy.ProxyRoutes`
+instead, which sends each origin direct (this pool) or through its proxy (httpx). Where
+connections come from is injectable: a :data:`StreamOpener` ``(host, port, tls) ->
 stream`` replaces the TCP/TLS connect, so tests and the virtual-time suite run this very
-client (keep-alive, parsing, error mapping) over in-memory streams to the fake platform
-(:func:`trio_worker.testing.memory_network`).
+client over in-memory streams to the fake platform (``trio_worker.testing``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeAlias
+
+import trio
 
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
+from .._exceptions import TransportError
 from .._proxies import any_proxy_configured
-from ._answer import MAX_HEADER_BYTES, MAX_HEADER_COUNT
-from ._connection import RECEIVE_SIZE, ServerKinds
-from ._lean import LeanHttp, StreamOpener
-from ._reading import HttpResponse
-from ._request import check_headers
-from ._routes import ProxyRoutes
+from ._connection import (
+    Connection,
+    HttpBackend,
+    HttpResponse,
+    PipeliningUnsupported,
+    StaleConnection,
+)
+from ._network import close_all, open_tcp_stream, open_tls_stream, trust_context
+from ._request import UNSAFE_TARGET, Origin, check_headers, parse_origin, safe_target
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    import ssl
+    from collections.abc import Mapping, Sequence
 
 __all__ = [
-    "MAX_HEADER_BYTES",
-    "MAX_HEADER_COUNT",
-    "RECEIVE_SIZE",
     "BackendWrapper",
     "HttpBackend",
+    "HttpPool",
     "HttpResponse",
-    "LeanHttp",
-    "PipeliningBackend",
+    "ServerKinds",
     "StreamOpener",
     "make_backend",
 ]
 
+#: ``(host, port, tls) -> stream``: how the pool gets a connection.
+StreamOpener: TypeAlias = Callable[[str, int, bool], Awaitable[trio.abc.Stream]]
+
+MAX_CONNECTIONS = 100  # httpcore's default
+# aiohttp's default, which the reference SDK runs with: shorter than the idle timeouts
+# servers commonly use, long enough for a worker whose jobs take seconds to keep its own.
+KEEPALIVE_EXPIRY = 15.0
+
+
 #: Wraps a backend (the virtual-time suite records every request the worker makes).
-BackendWrapper: TypeAlias = Callable[["HttpBackend"], "HttpBackend"]
-
-
-class HttpBackend(Protocol):
-    async def request(
-        self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
-    ) -> HttpResponse:
-        """One request; an answer body over *max_body* bytes is a :class:`TransportError`."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-
-@runtime_checkable
-class PipeliningBackend(HttpBackend, Protocol):
-    """A backend that can write several requests at once on one connection (the lean
-    client, and the routes over it; httpx cannot). It raises
-    :class:`~._connection.PipeliningUnsupported` when the platform cannot take them."""
-
-    async def pipeline(
-        self,
-        method: str,
-        requests: list[tuple[str, bytes]],
-        answers: list[HttpResponse],
-        *,
-        max_body: int = MAX_ANSWER_BYTES,
-        keep_body: int | None = None,
-    ) -> None:
-        """See :meth:`LeanHttp.round`."""
-        ...
+BackendWrapper: TypeAlias = Callable[[HttpBackend], HttpBackend]
 
 
 def make_backend(
@@ -92,13 +79,12 @@ def make_backend(
     open_stream: StreamOpener | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     environ: Mapping[str, str] | None = None,
-    max_connections: int | None = None,
+    max_connections: int = MAX_CONNECTIONS,
     keep_body: int | None = None,
     servers: ServerKinds | None = None,
 ) -> HttpBackend:
-    """The lean client; with a proxy variable set, one that routes each origin direct
-    (the lean client) or through its proxy (httpx, which knows how):
-    :class:`._routes.ProxyRoutes`, by the rules of :func:`trio_worker._proxies.proxy_for`.
+    """The pool; with a proxy variable set, one that routes each origin direct (the pool)
+    or through its proxy (httpx), by :func:`trio_worker._proxies.proxy_for`.
 
     An injected *open_stream* wins over a proxy variable: the streams it opens are the
     network. *keep_body*: bytes of each answer's body kept (the rest read and dropped).
@@ -106,19 +92,309 @@ def make_backend(
     """
     check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
-    if open_stream is not None or not any_proxy_configured(env):
-        return LeanHttp(
-            headers,
-            open_stream=open_stream,
-            connect_timeout=connect_timeout,
-            keep_body=keep_body,
-            servers=servers,
-        )
-    return ProxyRoutes(
+    pool = HttpPool(
         headers,
-        env,
+        open_stream=open_stream,
         connect_timeout=connect_timeout,
         max_connections=max_connections,
         keep_body=keep_body,
         servers=servers,
     )
+    if open_stream is not None or not any_proxy_configured(env):
+        return pool
+    from ._proxy import ProxyRoutes  # httpx: only in a worker that may need it
+
+    return ProxyRoutes(pool, headers, env)
+
+
+class ServerKinds:
+    """What each origin's answers showed of its server: a persistent HTTP/1.1 one
+    (pipelined requests are safe), or not (HTTP/1.0, or an answer delimited by the close:
+    never pipelined to). Shared by a worker's clients, so the take's first answer tells the
+    stream chunks' client what the platform is before any chunk goes."""
+
+    def __init__(self) -> None:
+        self._persistent: set[Origin] = set()
+        self._serial: dict[Origin, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<ServerKinds {len(self._persistent)} persistent, {len(self._serial)} not>"
+
+    def pipelines(self, origin: Origin) -> bool:
+        """Whether *origin* has shown it keeps HTTP/1.1 connections (and never the opposite)."""
+        return origin in self._persistent
+
+    def refusal(self, origin: Origin) -> PipeliningUnsupported | None:
+        """The error for a round to *origin*, when it must not be pipelined to."""
+        reason = self._serial.get(origin)
+        return None if reason is None else PipeliningUnsupported(f"{origin.where} {reason}")
+
+    def note(self, connection: Connection, *, answered: bool) -> None:
+        """Learn from the answers *connection* read in its exchange (all of them when
+        *answered*, else those before it failed)."""
+        origin = connection.origin
+        if connection.not_persistent is not None:
+            self._serial.setdefault(origin, connection.not_persistent)
+            self._persistent.discard(origin)
+        elif answered and origin not in self._serial:
+            self._persistent.add(origin)
+
+
+class HttpPool:
+    """A keep-alive HTTP/1.1 client on trio streams, for the platform's routes.
+
+    Not a general client: no redirects, no cookies, no compression, no proxies.
+    """
+
+    def __init__(
+        self,
+        headers: Mapping[str, str],
+        *,
+        open_stream: StreamOpener | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        keepalive_expiry: float = KEEPALIVE_EXPIRY,
+        keep_body: int | None = None,
+        servers: ServerKinds | None = None,
+    ) -> None:
+        """*keep_body*: bytes of each answer's body kept (see :meth:`exchange`), for a
+        client whose answers matter by their status only. *servers*: what the origins'
+        answers showed, shared with the worker's other clients (else this pool's own)."""
+        check_headers(headers)
+        self._static = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        self._origins: dict[str, Origin] = {}
+        # Take, stop, ping and a stream's chunk URLs repeat: each head is built once. A
+        # job's done URL is used once, so the cache is simply emptied when full.
+        self._heads: dict[tuple[str, str], tuple[Origin, bytes]] = {}
+        self._idle: dict[Origin, list[Connection]] = {}
+        self._idle_count = 0
+        self._slots = trio.Semaphore(max_connections)
+        self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        self.keep_body = keep_body
+        self.connect_timeout = connect_timeout
+        self._servers = ServerKinds() if servers is None else servers
+        self._ssl = ssl_context
+        self._open_stream = self._open_network if open_stream is None else open_stream
+
+    def __repr__(self) -> str:
+        in_use = self.max_connections - self._slots.value
+        origins = ", ".join(f"{o.where}: {len(c)}" for o, c in self._idle.items() if c)
+        return (
+            f"<HttpPool {in_use} in use, {self._idle_count} idle"
+            f"{f' ({origins})' if origins else ''}, at most {self.max_connections}, "
+            f"kept idle for at most {self.keepalive_expiry:g}s>"
+        )
+
+    async def aclose(self) -> None:
+        idle, self._idle, self._idle_count = self._idle, {}, 0
+        await close_all([c for connections in idle.values() for c in connections])
+
+    async def exchange(
+        self,
+        method: str,
+        requests: Sequence[tuple[str, bytes]],
+        answers: list[HttpResponse] | None = None,
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+        keep_body: int | None = None,
+    ) -> list[HttpResponse]:
+        """Send every ``(url, body)`` request (on one connection; several are written at
+        once, HTTP/1.1 pipelining), then read the answers in order, appending each to
+        *answers* (a new list when None) as it is read; the answers.
+
+        The URLs may differ (the stream routes of several jobs) but share one origin. Of
+        each answer's body only its first *keep_body* bytes are kept (by default, the
+        pool's own *keep_body*, else all of it): the rest is read and dropped, so a round
+        holds its requests, one read, and at most *keep_body* bytes per answer, however
+        large the answers. *answers* may be the caller's, so a caller whose deadline cut
+        the reading still knows which requests were answered: the rest may or may not
+        have been processed, as for a single request whose answer never came.
+
+        Several requests share a write only once the origin has answered as a persistent
+        HTTP/1.1 server does (any earlier answer of the worker's clients counts): until
+        then the first goes alone, and the rest follow once its answer has shown it.
+
+        Raises:
+            TransportError: for any failure below HTTP, an answer over *max_body* bytes of
+                body included (:class:`~trio_worker.AnswerTooLarge`); *answers* holds the
+                answers read before it, and the connection is closed.
+            PipeliningUnsupported: the origin does not keep HTTP/1.1 connections (it
+                answered in HTTP/1.0, or delimited an answer by closing): *answers* holds
+                the answers to the requests sent, and the rest were not sent.
+        """
+        if answers is None:
+            answers = []
+        # The stream yields only when it has to wait (._network): a request whose deadline
+        # passed before it started must not go out.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        heads = self._heads
+        if len(requests) == 1:
+            url, body = requests[0]
+            origin, head = heads.get((method, url)) or self._head(method, url)
+            wires = [head + b"Content-Length: %d\r\n\r\n" % len(body) + body]
+        else:
+            wires = []
+            origin = (heads.get((method, requests[0][0])) or self._head(method, requests[0][0]))[0]
+            for url, body in requests:
+                other, head = heads.get((method, url)) or self._head(method, url)
+                if other != origin:
+                    raise TransportError(
+                        f"cannot pipeline requests to {origin.where} and {other.where} "
+                        "on one connection"
+                    )
+                wires.append(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            if refusal := self._servers.refusal(origin):
+                raise refusal
+        keep = self.keep_body if keep_body is None else keep_body
+        keep = max_body if keep is None else min(keep, max_body)
+        sent = 0
+        while sent < len(wires):
+            # Until the origin has answered as a persistent HTTP/1.1 server does, a write
+            # carries one request. One that is not (HTTP/1.0, answers delimited by the
+            # close) would process what else a write put in its buffer and answer none of
+            # it, and each request sent again would be processed twice.
+            count = len(wires) - sent
+            if count > 1 and not self._servers.pipelines(origin):
+                count = 1
+            wire = wires[sent] if count == 1 else b"".join(wires[sent : sent + count])
+            batch = requests if count == len(requests) else requests[sent : sent + count]
+            if not await self._exchange(origin, wire, method, batch, answers, max_body, keep):
+                continue  # stale: nothing of it was processed, it goes again
+            sent += count
+            if sent < len(wires) and (refusal := self._servers.refusal(origin)):
+                raise refusal
+        return answers
+
+    def _head(self, method: str, url: str) -> tuple[Origin, bytes]:
+        """The origin of *url* and its request head up to its ``Content-Length`` line.
+
+        Raises:
+            TransportError: when *url* cannot be requested (scheme, host, port, characters).
+        """
+        scheme, sep, rest = url.partition("://")
+        if not sep:
+            raise TransportError(f"cannot request {url!r}")
+        netloc, slash, target = rest.partition("/")
+        for stop in "?#":
+            if stop in netloc:  # http://host?query: no path at all
+                netloc, _, tail = netloc.partition(stop)
+                target, slash = stop + tail + slash + target, ""
+        key = f"{scheme}://{netloc}"
+        origin = self._origins.get(key)
+        if origin is None:
+            origin = parse_origin(url)
+            if len(self._origins) < 64:
+                self._origins[key] = origin
+        target = (slash + target).partition("#")[0]
+        if not target.startswith("/"):
+            target = "/" + target
+        if UNSAFE_TARGET.search(target):
+            target = safe_target(target)
+        text = f"{method} {target} HTTP/1.1\r\nHost: {origin.host_header}\r\n{self._static}"
+        try:
+            built = origin, text.encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise TransportError(f"cannot send {url!r} in an HTTP head: {exc}") from None
+        if len(self._heads) >= 256:
+            self._heads.clear()
+        self._heads[method, url] = built
+        return built
+
+    async def _exchange(
+        self,
+        origin: Origin,
+        wire: bytes,
+        method: str,
+        requests: Sequence[tuple[str, bytes]],
+        answers: list[HttpResponse],
+        max_body: int,
+        keep: int,
+    ) -> bool:
+        """One write and its answers, on a connection of its own while they last; False
+        when the connection turned out stale (closed, nothing sent)."""
+        slots = self._slots
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            await slots.acquire()
+        try:
+            connection = await self._connection(origin)
+            # Connection.aclose closes the stream even when cancelled (it only raises
+            # afterwards), so no connection outlives a failed or cancelled request.
+            try:
+                reusable = await connection.exchange(
+                    wire, method, requests, answers, max_body, keep
+                )
+            except StaleConnection:
+                # The server closed it while it sat idle; nothing was processed, so the
+                # request goes again on a fresh connection.
+                await connection.aclose()
+                return False
+            except BaseException:
+                self._servers.note(connection, answered=False)
+                await connection.aclose()
+                raise
+            self._servers.note(connection, answered=True)
+            if reusable:
+                connection.idle_since = trio.current_time()
+                self._idle.setdefault(origin, []).append(connection)
+                self._idle_count += 1
+            else:
+                # A cancellation pending here loses the answer, as it would have one
+                # checkpoint earlier while its last bytes were read.
+                await connection.aclose()
+            return True
+        finally:
+            slots.release()
+
+    async def _connection(self, origin: Origin) -> Connection:
+        """An idle connection to *origin* that is quiet and not expired, else a new one."""
+        idle = self._idle.get(origin)
+        if idle:
+            oldest = trio.current_time() - self.keepalive_expiry
+            while idle:
+                connection = idle.pop()
+                self._idle_count -= 1
+                if connection.idle_since >= oldest and connection.is_quiet():
+                    while idle and idle[0].idle_since < oldest:  # expired behind it
+                        self._idle_count -= 1
+                        await idle.pop(0).aclose()
+                    return connection
+                # Expired, or a byte on it: an answer nobody asked for (or the server's
+                # close), never read as the next request's answer.
+                await connection.aclose()
+        while self._idle_count and self._idle_count + self._in_use() > self.max_connections:
+            await self._close_oldest_idle()
+        with trio.move_on_after(self.connect_timeout) as scope:
+            try:
+                stream = await self._open_stream(origin.host, origin.port, origin.scheme == "https")
+            except (OSError, trio.BrokenResourceError) as exc:
+                raise TransportError(f"cannot connect to {origin.where}: {exc}") from exc
+        if scope.cancelled_caught:
+            raise TransportError(f"cannot connect to {origin.where}: timed out")
+        return Connection(stream, origin)
+
+    def _in_use(self) -> int:
+        return self.max_connections - self._slots.value
+
+    async def _close_oldest_idle(self) -> None:
+        """Make room for a new connection: close the idle one idle the longest."""
+        lists = [connections for connections in self._idle.values() if connections]
+        oldest = min(lists, key=lambda connections: connections[0].idle_since)
+        self._idle_count -= 1
+        await oldest.pop(0).aclose()
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context of its connections: the process's one trust store unless one
+        was given (built on first use: most workers never need one)."""
+        if self._ssl is None:
+            self._ssl = trust_context()
+        return self._ssl
+
+    async def _open_network(self, host: str, port: int, tls: bool) -> trio.abc.Stream:
+        if not tls:
+            return await open_tcp_stream(host, port)
+        return await open_tls_stream(host, port, self.ssl_context)

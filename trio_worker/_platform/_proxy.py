@@ -1,40 +1,62 @@
-"""The platform client through a proxy: httpx, the one client that knows how to use one.
+"""The client of a worker with proxy variables set: each origin direct, or through its proxy.
 
-Used only for an origin :func:`trio_worker._proxies.proxy_for` sends through a proxy
-(:class:`._routes.ProxyRoutes`): httpx is about 30 ms of a worker's start-up
-(``python -X importtime``) that a worker without a proxy never uses. :class:`HttpxHttp`
-speaks the same :class:`._http.HttpBackend` as the lean client, and raises the package's
+:func:`trio_worker._proxies.proxy_for` decides, per origin (scheme, host and port), once:
+direct requests go on the pool (:class:`._http.HttpPool`) as in a worker with no proxy at
+all, pipelined stream chunks included; proxied ones on an httpx client for that proxy,
+the one client that knows how to use one. So ``NO_PROXY=api.runpod.ai`` keeps the
+platform's traffic on the pool while ``HTTPS_PROXY`` still serves what the handler
+downloads, and the platform's loopback twin in a local run is never proxied. This module
+is imported only with a proxy variable set, and httpx only once an origin needs a proxy
+(its start-up cost: docs/benchmarks.md).
+
+:class:`HttpxHttp` speaks the pool's :class:`._http.HttpBackend` and raises the package's
 :class:`~trio_worker.TransportError` for every failure below HTTP, so callers never see
 ``httpx``. httpx is told its proxy; it reads no proxy variable itself (``trust_env``
-off), so the worker's one reading of them holds (docs/reference.md, "Proxies").
+off), so the worker's one reading of them holds (docs/reference.md, "Proxies"). A proxy
+that wants credentials answers 407: the platform never saw the request, so it is a
+:class:`~trio_worker.TransportError` like any failure to reach it (a report is retried
+within its budget, never dropped as refused), and one line per proxy says what to fix,
+its credentials hidden.
 
-A proxy that wants credentials answers 407 (to the request itself on an ``http://``
-platform, to the tunnel's CONNECT on an ``https://`` one). The platform never saw the
-request, so it is a :class:`~trio_worker.TransportError` like any failure to reach it: a
-report is retried within its budget, never dropped as if the platform had refused it. One
-line per proxy says what to fix, with the proxy's credentials hidden.
+httpx logs a line per request at INFO on loggers that inherit the root logger's level, and
+an application that sets the root to INFO (``import runpod`` does) would get a line per
+take. The worker's own requests through httpx run under a context variable, and a filter
+on httpx's and httpcore's loggers drops their records below WARNING while it is set
+(never the user's own requests made beside them), unless the user set one of those
+loggers' levels: then the user asked for them.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from typing import TYPE_CHECKING
-
-import httpx
+from typing import TYPE_CHECKING, Protocol
 
 from .._config import MAX_ANSWER_BYTES
 from .._exceptions import TransportError
-from ._quiet import own_request_async
-from ._reading import HttpResponse
-from ._request import check_size
-from ._tls import trust_context
+from .._proxies import proxy_for
+from ._connection import HttpBackend, HttpResponse, PipeliningUnsupported
+from ._network import close_all, trust_context
+from ._request import too_large
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
+
+    import httpx
 
     from .._proxies import Proxy
 
-__all__ = ["HttpxHttp", "proxy_backend"]
+__all__ = ["HttpxHttp", "ProxyRoutes"]
+
+
+class DirectPool(HttpBackend, Protocol):
+    """What this module needs of :class:`._http.HttpPool`: its requests and its limits."""
+
+    connect_timeout: float
+    max_connections: int
+    keepalive_expiry: float
+    keep_body: int | None
+
 
 log = logging.getLogger("trio_worker")
 
@@ -43,25 +65,160 @@ PROXY_AUTHENTICATION_REQUIRED = 407
 _explained: set[str] = set()
 
 
-def proxy_backend(
-    headers: Mapping[str, str],
-    proxy: Proxy,
-    connect_timeout: float,
-    max_connections: int | None,
-    keep_body: int | None,
-) -> HttpxHttp:
-    """The httpx client for the origins that go through *proxy*."""
-    client = httpx.AsyncClient(
-        headers=dict(headers),
-        proxy=proxy.url,
-        trust_env=False,  # the proxy is ours to pick (trio_worker._proxies), not httpx's
-        verify=trust_context(),  # the one trust store of every client
-        # Every request is bounded by a cancel scope; httpx's per-read timeout would cut
-        # a legitimate long-poll short.
-        timeout=httpx.Timeout(connect=connect_timeout, read=None, write=10.0, pool=10.0),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=64),
-    )
-    return HttpxHttp(client, keep_body, proxy=proxy)
+class ProxyRoutes:
+    """A backend (``_http.HttpBackend``) over the pool and one httpx client per proxy."""
+
+    def __init__(
+        self, pool: DirectPool, headers: Mapping[str, str], environ: Mapping[str, str]
+    ) -> None:
+        self._pool = pool
+        self._headers = dict(headers)
+        self._environ = dict(environ)  # read once: a worker's proxies do not move
+        self._origins: dict[str, DirectPool | HttpxHttp] = {}  # "scheme://host:port" -> client
+        self._proxied: dict[str, HttpxHttp] = {}  # proxy URL -> its client
+
+    def __repr__(self) -> str:
+        proxied = sum(backend is not self._pool for backend in self._origins.values())
+        return f"<ProxyRoutes {len(self._origins) - proxied} direct, {proxied} proxied origin(s)>"
+
+    def route(self, url: str) -> DirectPool | HttpxHttp:
+        """The client that carries requests to *url*'s origin."""
+        scheme, _, rest = url.partition("://")
+        origin = f"{scheme}://{rest.partition('/')[0].partition('?')[0]}"
+        backend = self._origins.get(origin)
+        if backend is None:
+            backend = self._origins[origin] = self._backend_for(url)
+        return backend
+
+    def _backend_for(self, url: str) -> DirectPool | HttpxHttp:
+        proxy = proxy_for(url, self._environ)
+        if proxy is None:
+            return self._pool
+        backend = self._proxied.get(proxy.url)
+        if backend is None:
+            backend = self._proxied[proxy.url] = HttpxHttp.through(proxy, self._headers, self._pool)
+        return backend
+
+    async def exchange(
+        self,
+        method: str,
+        requests: Sequence[tuple[str, bytes]],
+        answers: list[HttpResponse] | None = None,
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+        keep_body: int | None = None,
+    ) -> list[HttpResponse]:
+        """On the pool when the origin is direct; through a proxy, one request at a time
+        (several: :class:`PipeliningUnsupported` before anything is sent)."""
+        answers = [] if answers is None else answers
+        if requests:
+            await self.route(requests[0][0]).exchange(
+                method, requests, answers, max_body=max_body, keep_body=keep_body
+            )
+        return answers
+
+    async def aclose(self) -> None:
+        backends: list[DirectPool | HttpxHttp] = [self._pool, *self._proxied.values()]
+        self._origins.clear()
+        self._proxied.clear()
+        await close_all(backends)
+
+
+class HttpxHttp:
+    """The backend over an ``httpx.AsyncClient``, for the origins behind a proxy only."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, keep_body: int | None = None, *, proxy: Proxy | None = None
+    ) -> None:
+        self._client = client
+        self._keep_body = keep_body
+        self._proxy = proxy
+        _quiet_their_loggers()
+
+    @classmethod
+    def through(cls, proxy: Proxy, headers: Mapping[str, str], pool: DirectPool) -> HttpxHttp:
+        """The httpx client for the origins that go through *proxy*, with *pool*'s limits."""
+        import httpx
+
+        client = httpx.AsyncClient(
+            headers=dict(headers),
+            proxy=proxy.url,
+            trust_env=False,  # the proxy is ours to pick (trio_worker._proxies), not httpx's
+            verify=trust_context(),  # the one trust store of every client
+            # Every request is bounded by a cancel scope; httpx's per-read timeout would cut
+            # a legitimate long-poll short.
+            timeout=httpx.Timeout(connect=pool.connect_timeout, read=None, write=10.0, pool=10.0),
+            limits=httpx.Limits(
+                max_connections=pool.max_connections,
+                max_keepalive_connections=pool.max_connections,
+                keepalive_expiry=pool.keepalive_expiry,
+            ),
+        )
+        return cls(client, pool.keep_body, proxy=proxy)
+
+    async def exchange(
+        self,
+        method: str,
+        requests: Sequence[tuple[str, bytes]],
+        answers: list[HttpResponse] | None = None,
+        *,
+        max_body: int = MAX_ANSWER_BYTES,
+        keep_body: int | None = None,
+    ) -> list[HttpResponse]:
+        """One request (httpx never pipelines: several raise
+        :class:`PipeliningUnsupported` before anything is sent)."""
+        answers = [] if answers is None else answers
+        if len(requests) > 1:
+            raise PipeliningUnsupported("requests to the platform go through a proxy")
+        for url, body in requests:
+            token = _own_request.set(True)
+            try:
+                answers.append(await self._request(method, url, body, max_body, keep_body))
+            finally:
+                _own_request.reset(token)
+        return answers
+
+    async def _request(
+        self, method: str, url: str, body: bytes, max_body: int, keep_body: int | None
+    ) -> HttpResponse:
+        import httpx
+
+        keep = self._keep_body if keep_body is None else keep_body
+        keep = max_body if keep is None else min(keep, max_body)
+        try:
+            async with self._client.stream(method, url, content=body or None) as response:
+                status = response.status_code
+                if status == PROXY_AUTHENTICATION_REQUIRED and self._proxy:
+                    raise refused_by_proxy(self._proxy)
+                # Raw bytes: the protocol's bodies are JSON, and a body httpx cannot decode
+                # must not hide the status of an otherwise good answer.
+                raw = bytearray()
+                size = 0
+                try:
+                    async for chunk in response.aiter_raw():
+                        size += len(chunk)
+                        if size > max_body:
+                            raise too_large(size, max_body, f"{method} {url}", status, [raw])
+                        if len(raw) < keep:
+                            raw += chunk[: keep - len(raw)]
+                except httpx.StreamConsumed:
+                    raw = bytearray(response.content)  # built in memory (MockTransport)
+                    if len(raw) > max_body:
+                        raise too_large(
+                            len(raw), max_body, f"{method} {url}", status, [raw]
+                        ) from None
+                    del raw[keep:]
+                return HttpResponse(status, dict(response.headers), bytes(raw))
+        except httpx.ProxyError as exc:
+            # httpcore words a refused CONNECT as "<status> <reason>".
+            if self._proxy is not None and str(exc).startswith(f"{PROXY_AUTHENTICATION_REQUIRED} "):
+                raise refused_by_proxy(self._proxy) from exc
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
+            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
 
 
 def refused_by_proxy(proxy: Proxy) -> TransportError:
@@ -82,47 +239,50 @@ def refused_by_proxy(proxy: Proxy) -> TransportError:
     )
 
 
-class HttpxHttp:
-    """The backend over an ``httpx.AsyncClient``, for the origins behind a proxy only."""
+# -- httpx's log lines for the worker's own requests ----------------------------------------
 
-    def __init__(
-        self, client: httpx.AsyncClient, keep_body: int | None = None, *, proxy: Proxy | None = None
-    ) -> None:
-        self._client = client
-        self._keep_body = keep_body
-        self._proxy = proxy
+# The loggers httpx and httpcore log requests on (a filter acts only on the logger a
+# record is made on, not on records that propagate through it, so each is named).
+HTTP_LOGGERS = (
+    "httpx",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpcore.socks",
+)
 
-    @own_request_async
-    async def request(
-        self, method: str, url: str, body: bytes = b"", *, max_body: int = MAX_ANSWER_BYTES
-    ) -> HttpResponse:
-        try:
-            async with self._client.stream(method, url, content=body or None) as response:
-                if response.status_code == PROXY_AUTHENTICATION_REQUIRED and self._proxy:
-                    raise refused_by_proxy(self._proxy)
-                # Raw bytes: the protocol's bodies are JSON, and a body httpx cannot decode
-                # must not hide the status of an otherwise good answer.
-                keep = max_body if self._keep_body is None else min(self._keep_body, max_body)
-                raw = bytearray()
-                size = 0
-                try:
-                    async for chunk in response.aiter_raw():
-                        size += len(chunk)
-                        check_size(size, max_body, method, url, response.status_code, [raw])
-                        if len(raw) < keep:
-                            raw += chunk[: keep - len(raw)]
-                except httpx.StreamConsumed:
-                    raw = bytearray(response.content)  # built in memory (MockTransport)
-                    check_size(len(raw), max_body, method, url, response.status_code, [raw])
-                    del raw[keep:]
-                return HttpResponse(response.status_code, dict(response.headers), bytes(raw))
-        except httpx.ProxyError as exc:
-            # httpcore words a refused CONNECT as "<status> <reason>".
-            if self._proxy is not None and str(exc).startswith(f"{PROXY_AUTHENTICATION_REQUIRED} "):
-                raise refused_by_proxy(self._proxy) from exc
-            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
-        except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-            raise TransportError(f"{type(exc).__name__}: {exc}") from exc
+_own_request: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trio_worker_own_request", default=False
+)
 
-    async def aclose(self) -> None:
-        await self._client.aclose()
+
+class DropOwnRequests(logging.Filter):
+    """Drops the per-request records of the SDK's own requests (see the module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or not _own_request.get():
+            return True
+        return level_set_by_user(record.name)
+
+
+def level_set_by_user(name: str) -> bool:
+    """Whether *name* or one of its ancestors below the root has a level of its own."""
+    logger: logging.Logger | None = logging.getLogger(name)
+    root = logging.getLogger()
+    while logger is not None and logger is not root:
+        if logger.level != logging.NOTSET:
+            return True
+        logger = logger.parent
+    return False
+
+
+_FILTER = DropOwnRequests()
+
+
+def _quiet_their_loggers() -> None:
+    """Put the filter on httpx's and httpcore's loggers (idempotent)."""
+    for name in HTTP_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

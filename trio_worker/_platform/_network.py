@@ -1,0 +1,247 @@
+"""The network under the pool: TCP streams that yield only when they must, and TLS.
+
+``trio.SocketStream`` makes every send and receive a full checkpoint: a cancellation check
+before, and after an operation that did not need to wait, a trip through the scheduler,
+inside several layers of context managers. A platform request is a send that never waits
+and a receive that usually does, so half of those trips buy nothing (docs/benchmarks.md).
+:class:`LeanSocketStream` tries the operation on the non-blocking socket first and parks
+the task (``trio.lowlevel.wait_readable`` / ``wait_writable``, which are checkpoints) only
+when the socket is not ready. The exception is the first receive after a send: the answer
+needs the peer to run first, so that receive waits first. What keeps this safe:
+
+* every request waits for its answer (that first receive parks the task), and
+  :meth:`~._http.HttpPool.exchange` checks for a cancellation before it starts, so a
+  request's deadline is honoured;
+* a receive that fills the whole buffer (more may be waiting: a large answer arriving
+  faster than it is read) ends with a checkpoint, so no answer can keep other tasks from
+  running;
+* closing tells trio first (``notify_closing``), so a task parked on the socket wakes with
+  ``ClosedResourceError`` instead of waiting on a reused file descriptor.
+
+One trust store: :func:`trust_context` is built once per process and used by the pool, the
+httpx client (proxies) and the heartbeat thread, so a certificate the worker trusts for a
+take it also trusts for a ping. It is :func:`ssl.create_default_context`, so OpenSSL's own
+rules apply: ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` when set, else the system's store. Only
+when OpenSSL finds no store at all (a slim image without ``ca-certificates`` and neither
+variable set) does it fall back to certifi's bundle, which httpx installs. A handshake is
+done inside the connect (:func:`open_tls_stream`), so it is bounded by the connect
+timeout, and its failure reads ``TLS handshake with HOST failed: <reason>`` instead of
+trio's lazy ``BrokenResourceError()`` on the first send.
+"""
+
+from __future__ import annotations
+
+import functools
+import select
+import socket
+import ssl
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from .._exceptions import TransportError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+class LeanSocketStream(trio.abc.Stream):
+    """A connected, non-blocking TCP socket as a trio stream (see the module doc)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.socket = sock  # the quiet check (._connection) polls it before a reuse
+        self._sending = False
+        self._receiving = False
+        # Set by a send, cleared by the next receive: see receive_some.
+        self._answer_pending = False
+
+    @classmethod
+    def adopt(cls, stream: trio.SocketStream) -> LeanSocketStream:
+        """Take over the socket of a stream trio just connected (its options, such as
+        ``TCP_NODELAY``, stay set); *stream* must not be used afterwards."""
+        fd = stream.socket.detach()
+        return cls(socket.socket(fileno=fd))
+
+    def __repr__(self) -> str:
+        return f"<LeanSocketStream fd={self.socket.fileno()}>"
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        sock = self.socket
+        if sock.fileno() < 0:
+            raise trio.ClosedResourceError("the stream was closed")
+        self._sending = True
+        try:
+            with memoryview(data) as view:
+                total, sent = len(view), 0
+                while sent < total:
+                    try:
+                        sent += sock.send(view[sent:])
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(sock)
+                    except OSError as exc:
+                        raise _broken(sock, exc) from exc
+            self._answer_pending = True
+        finally:
+            self._sending = False
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.wait_writable(self.socket)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._receiving:
+            raise trio.BusyResourceError("another task is receiving on this stream")
+        size = 65536 if max_bytes is None else max_bytes
+        if size < 1:
+            raise ValueError("max_bytes must be >= 1")
+        sock = self.socket
+        self._receiving = True
+        try:
+            if self._answer_pending and sock.fileno() >= 0:
+                # Just sent: the answer cannot be here yet (it needs the peer to run), so a
+                # receive now would only find nothing (an exception and a system call).
+                # Wait for it first; the wait is the receive's checkpoint, as before.
+                self._answer_pending = False
+                await trio.lowlevel.wait_readable(sock)
+            while True:
+                if sock.fileno() < 0:
+                    raise trio.ClosedResourceError("the stream was closed")
+                try:
+                    data = sock.recv(size)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(sock)
+                    continue
+                except OSError as exc:
+                    raise _broken(sock, exc) from exc
+                if len(data) == size:
+                    # More may be waiting: let the other tasks run before it is read.
+                    await trio.lowlevel.checkpoint()
+                return data
+        finally:
+            self._receiving = False
+
+    async def aclose(self) -> None:
+        sock = self.socket
+        if sock.fileno() >= 0:
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
+        await trio.lowlevel.checkpoint()
+
+
+def _broken(sock: socket.socket, exc: OSError) -> BaseException:
+    if sock.fileno() < 0:
+        return trio.ClosedResourceError("the stream was closed")
+    return trio.BrokenResourceError(f"socket error: {exc!r}")
+
+
+def make_trust_context() -> ssl.SSLContext:
+    """A verifying client context over the process's trust store (see the module doc)."""
+    context = ssl.create_default_context()
+    paths = ssl.get_default_verify_paths()
+    if paths.cafile is None and paths.capath is None:
+        # No store anywhere OpenSSL looks (and no SSL_CERT_* variable naming one).
+        import certifi
+
+        context.load_verify_locations(cafile=certifi.where())
+    return context
+
+
+@functools.cache
+def trust_context() -> ssl.SSLContext:
+    """The one context every client of this process uses (an SSLContext is thread-safe)."""
+    return make_trust_context()
+
+
+def tls_failure(host: str, exc: BaseException) -> TransportError:
+    """``TLS handshake with HOST failed: <reason>`` from an ssl error or trio's wrapper."""
+    cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        reason = cause.verify_message or cause.reason or str(cause)
+    elif isinstance(cause, ssl.SSLError):
+        reason = cause.reason or str(cause)
+    else:
+        reason = f"connection lost during the handshake ({type(exc).__name__})"
+    return TransportError(f"TLS handshake with {host} failed: {reason}")
+
+
+async def open_tcp_stream(host: str, port: int) -> LeanSocketStream:
+    """A TCP connection to *host*:*port* (trio's happy eyeballs), as a lean stream."""
+    return LeanSocketStream.adopt(await trio.open_tcp_stream(host, port))
+
+
+async def open_tls_stream(
+    host: str, port: int, context: ssl.SSLContext
+) -> trio.SSLStream[LeanSocketStream]:
+    """TCP connect, then the whole TLS handshake, so both fall under the caller's timeout.
+
+    Raises:
+        TransportError: when the handshake fails (certificate, protocol, reset).
+        OSError: when the TCP connect fails.
+    """
+    tcp = await open_tcp_stream(host, port)
+    stream = trio.SSLStream(tcp, context, server_hostname=host)
+    try:
+        await stream.do_handshake()
+    except (trio.BrokenResourceError, ssl.SSLError) as exc:
+        await trio.aclose_forcefully(tcp)
+        raise tls_failure(host, exc) from exc
+    except BaseException:
+        await trio.aclose_forcefully(tcp)
+        raise
+    return stream
+
+
+def _raw_socket(stream: trio.abc.Stream) -> socket.socket | trio.socket.SocketType | None:
+    """The socket under *stream* (a TCP stream, or TLS over one), if any."""
+    inner: object = stream
+    for _ in range(4):
+        sock = getattr(inner, "socket", None)
+        if sock is not None:
+            return sock  # type: ignore[no-any-return]
+        inner = getattr(inner, "transport_stream", None)
+        if inner is None:
+            return None
+    return None
+
+
+class QuietProbe:
+    """httpcore's ``is_socket_readable`` for the socket under a stream: a zero-timeout poll
+    of it, registered once (the check runs before every reuse). A stream without a socket
+    (an in-memory one) cannot be asked, and is taken as quiet."""
+
+    __slots__ = ("_poller", "_sock")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._sock = sock = _raw_socket(stream)
+        self._poller: select.poll | None = None
+        if sock is not None and hasattr(select, "poll") and sock.fileno() >= 0:
+            self._poller = select.poll()
+            self._poller.register(sock.fileno(), select.POLLIN)
+
+    def quiet(self) -> bool:
+        sock = self._sock
+        if sock is None:
+            return True
+        if sock.fileno() < 0:
+            return False  # closed under us: not usable
+        if self._poller is None:  # pragma: no cover - Windows
+            readable, _, _ = select.select([sock], [], [], 0)
+            return not readable
+        return not self._poller.poll(0)
+
+
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def close_all(closables: Sequence[Closable]) -> None:
+    """Close every one (connections, clients), even when cancelled part-way: each close
+    still happens, and the cancellation is raised once they all have."""
+    for index, closable in enumerate(closables):
+        try:
+            await closable.aclose()
+        except BaseException:
+            await close_all(closables[index + 1 :])
+            raise
