@@ -208,6 +208,17 @@ async def test_header_parsing(server: Server, client: HttpPool) -> None:
     )
 
 
+async def test_a_content_length_of_20_digits_is_its_number(
+    server: Server, client: HttpPool
+) -> None:
+    server.reply(b"HTTP/1.1 200 OK\r\nContent-Length: " + b"0" * 19 + b"2\r\n\r\nok")
+    server.reply(response(b"next"))
+    with trio.fail_after(TIMEOUT):
+        assert (await send_one(client, "GET", server.url("/1"))).body == b"ok"
+        assert (await send_one(client, "GET", server.url("/2"))).body == b"next"
+    assert server.accepted == 1
+
+
 # --------------------------------------------------------------------------------------
 # RFC 9112 rejections (h11), bounds, request building
 # --------------------------------------------------------------------------------------
