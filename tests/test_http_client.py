@@ -442,3 +442,101 @@ async def test_the_client_shows_its_pool(server: Server) -> None:
             assert repr(client) == f"<HttpPool 0 in use, 1 idle ({where}: 1), {tail}"
     finally:
         await client.aclose()
+
+
+# --------------------------------------------------------------------------------------
+# The pool: a cap on connections, and a keep-alive expiry (as httpcore's pool has)
+# --------------------------------------------------------------------------------------
+
+
+class MemoryOrigins:
+    """An opener of in-memory connections whose server side answers each request once
+    ``release`` is set (at once when it is None), and notes what it sees."""
+
+    def __init__(self, nursery: trio.Nursery, release: trio.Event | None = None) -> None:
+        self.nursery = nursery
+        self.release = release
+        self.opened: list[str] = []
+        self.closed_by_client: list[str] = []
+
+    async def open_stream(self, host: str, port: int, tls: bool) -> trio.abc.Stream:
+        client_end, server_end = trio.testing.memory_stream_pair()
+        self.opened.append(host)
+        self.nursery.start_soon(self._serve, host, server_end)
+        return client_end
+
+    async def _serve(self, host: str, stream: trio.abc.Stream) -> None:
+        buffer = b""
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                self.closed_by_client.append(host)
+                return
+            buffer += data
+            while b"\r\n\r\n" in buffer:
+                _, _, buffer = buffer.partition(b"\r\n\r\n")
+                if self.release is not None:
+                    await self.release.wait()
+                await stream.send_all(response(host.encode()))
+
+
+async def test_requests_beyond_the_cap_wait_for_a_connection() -> None:
+    async with trio.open_nursery() as nursery:
+        release = trio.Event()
+        origins = MemoryOrigins(nursery, release)
+        client = HttpPool({}, open_stream=origins.open_stream, max_connections=2)
+        bodies: list[bytes] = []
+
+        async def one(n: int) -> None:
+            bodies.append((await send_one(client, "GET", f"http://p.test/{n}")).body)
+
+        async with trio.open_nursery() as requests:
+            for n in range(3):
+                requests.start_soon(one, n)
+            await trio.testing.wait_all_tasks_blocked()
+            # Two connections at most: the third request waits for one of them.
+            assert origins.opened == ["p.test", "p.test"]
+            assert repr(client).startswith("<HttpPool 2 in use, 0 idle, at most 2,")
+            release.set()
+        assert bodies == [b"p.test"] * 3
+        assert origins.opened == ["p.test", "p.test"]  # the third went on a kept one
+        assert repr(client).startswith("<HttpPool 0 in use, 2 idle (p.test:80: 2), at most 2,")
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_connection_to_another_origin_is_closed_to_make_room() -> None:
+    async with trio.open_nursery() as nursery:
+        origins = MemoryOrigins(nursery)
+        client = HttpPool({}, open_stream=origins.open_stream, max_connections=1)
+        assert (await send_one(client, "GET", "http://a.test/x")).body == b"a.test"
+        assert repr(client).startswith("<HttpPool 0 in use, 1 idle (a.test:80: 1),")
+        assert (await send_one(client, "GET", "http://b.test/y")).body == b"b.test"
+        await trio.testing.wait_all_tasks_blocked()
+        assert origins.opened == ["a.test", "b.test"]
+        assert origins.closed_by_client == ["a.test"]
+        assert repr(client).startswith("<HttpPool 0 in use, 1 idle (b.test:80: 1),")
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_connection_is_used_again_only_within_the_keepalive_expiry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    assert http_module.KEEPALIVE_EXPIRY == 15.0  # aiohttp's, which the reference runs with
+    async with trio.open_nursery() as nursery:
+        origins = MemoryOrigins(nursery)
+        client = HttpPool({}, open_stream=origins.open_stream)
+        await send_one(client, "GET", "http://p.test/1")
+        await trio.sleep(14.9)
+        await send_one(client, "GET", "http://p.test/2")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (origins.opened, origins.closed_by_client) == (["p.test"], [])
+        await trio.sleep(15.1)  # idle since its last answer for longer than the expiry
+        await send_one(client, "GET", "http://p.test/3")
+        await trio.testing.wait_all_tasks_blocked()
+        assert origins.opened == ["p.test", "p.test"]
+        assert origins.closed_by_client == ["p.test"]  # the expired one, not kept
+        assert repr(client).startswith("<HttpPool 0 in use, 1 idle (p.test:80: 1),")
+        await client.aclose()
+        nursery.cancel_scope.cancel()
