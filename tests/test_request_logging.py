@@ -24,8 +24,10 @@ from .scripted_server import send_one
 PINGS = 10
 
 
-class Platform:
-    """The fake platform on a loopback server thread, and its ping URL."""
+class PingTarget:
+    """The fake platform on a loopback server thread, for the heartbeat's own thread to ping:
+    its ping URL and the pings it counted. (The async tests' ``platform`` fixture, in
+    tests/conftest.py, serves on the test's trio loop, which a blocking thread cannot wait on.)"""
 
     def __init__(self, server: ServerThread, platform: FakePlatform) -> None:
         self.server = server
@@ -38,10 +40,10 @@ class Platform:
 
 
 @pytest.fixture
-def platform() -> Iterator[Platform]:
+def ping_target() -> Iterator[PingTarget]:
     fake = FakePlatform()
     with run_server_in_thread(fake) as server:
-        yield Platform(server, fake)
+        yield PingTarget(server, fake)
 
 
 @pytest.fixture
@@ -57,41 +59,41 @@ def _request_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))]
 
 
-def _ping(platform: Platform, times: int) -> None:
+def _ping(ping_target: PingTarget, times: int) -> None:
     """*times* pings: the thread's first one, then the rest from here."""
-    thread = HeartbeatThread(platform.url, "key", interval=60.0, held=lambda: ("job-1",))
+    thread = HeartbeatThread(ping_target.url, "key", interval=60.0, held=lambda: ("job-1",))
     thread.start()
     try:
         # The thread's first ping before anything else: stop() does not wait for a ping
         # the thread has not started (nor long for one in flight), so on a busy machine a
         # stop right after the others raced it (CI saw 1 ping of 2).
         deadline = time.monotonic() + 10.0
-        while platform.pings() < 1 and time.monotonic() < deadline:
+        while ping_target.pings() < 1 and time.monotonic() < deadline:
             time.sleep(0.001)
         for _ in range(times - 1):
             thread.ping_now()
     finally:
         thread.stop()
-    assert platform.pings() == times
+    assert ping_target.pings() == times
 
 
 @pytest.mark.parametrize("level", [logging.DEBUG, logging.INFO])
 def test_ten_pings_log_no_request_line_at_any_root_level(
-    platform: Platform, caplog: pytest.LogCaptureFixture, level: int
+    ping_target: PingTarget, caplog: pytest.LogCaptureFixture, level: int
 ) -> None:
     caplog.set_level(level)  # the root logger, as logging.basicConfig(level=...) sets it
-    _ping(platform, PINGS)
+    _ping(ping_target, PINGS)
     assert _request_lines(caplog) == []
 
 
 def test_the_users_own_httpx_requests_still_log(
-    platform: Platform, caplog: pytest.LogCaptureFixture
+    ping_target: PingTarget, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The control: the capture does see httpx's line, so the test above can fail.
     caplog.set_level(logging.INFO)
-    _ping(platform, 2)
+    _ping(ping_target, 2)
     with httpx.Client() as client:
-        client.get(platform.url)
+        client.get(ping_target.url)
     assert len([line for line in _request_lines(caplog) if "HTTP Request" in line]) == 1
 
 
