@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +45,17 @@ class WorkerProcess:
                 if all(done.is_set() for done in self.pumped):
                     raise AssertionError(f"{text!r} never printed:\n{self.output}")
                 await self.grew.wait()
+
+    async def until_match(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
+        """Wait until *pattern* matches the output; the match. A pattern that ends with a
+        newline waits for the whole line: a read may end mid-line (the child's output
+        reaches the test through the capture's pipes in pieces)."""
+        with trio.fail_after(timeout):
+            while (match := re.search(pattern, self.output)) is None:
+                if all(done.is_set() for done in self.pumped):
+                    raise AssertionError(f"{pattern!r} never matched:\n{self.output}")
+                await self.grew.wait()
+        return match
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
@@ -85,7 +98,8 @@ async def kill_all(workers: list[WorkerProcess]) -> None:
     """Teardown: whatever is still alive is killed with its whole session."""
     for worker in workers:
         if worker.process.returncode is None:
-            os.killpg(worker.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # its session already gone
+                os.killpg(worker.process.pid, signal.SIGKILL)
             await worker.process.wait()
 
 
@@ -96,6 +110,12 @@ async def _pump(
         async for chunk in stream:
             into.extend(chunk)
             worker.note_output()
+    except trio.Cancelled:
+        # The test's nursery ends (it failed, or never waited for the worker): the process
+        # must not outlive it, or it runs on into the tests after it.
+        with trio.CancelScope(shield=True):
+            await kill_all([worker])
+        raise
     finally:
         done.set()
         worker.note_output()

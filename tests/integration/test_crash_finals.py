@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -41,9 +40,8 @@ async def start(nursery: trio.Nursery, platform: Platform, **env: str) -> Worker
 
 
 async def worker_pid(worker: WorkerProcess) -> int:
-    await worker.until_output("worker pid ")
-    match = re.search(r"worker pid (\d+)", worker.output)
-    assert match is not None
+    # The whole line: a pid read before its last digits arrived names another process.
+    match = await worker.until_match(r"worker pid (\d+)\r?\n")
     return int(match.group(1))
 
 
