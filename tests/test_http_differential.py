@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 from trio_worker import TransportError
 from trio_worker._platform._connection import MAX_HEADER_BYTES, Connection
 from trio_worker._platform._http import HttpPool, HttpResponse, ServerKinds
-from trio_worker._platform._request import Origin
+from trio_worker._platform._request import parse_origin
 
 Outcome = tuple[str, int, bytes]  # ("ok", status, body) or ("rejected", 0, b"")
 REJECTED: Outcome = ("rejected", 0, b"")
-ORIGIN = Origin("http", "p.test", 80)
+ORIGIN = parse_origin("http://p.test")
 HYPOTHESIS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -13,7 +13,7 @@ import trio.testing
 
 from trio_worker._platform._connection import Connection
 from trio_worker._platform._network import LeanSocketStream
-from trio_worker._platform._request import Origin
+from trio_worker._platform._request import parse_origin
 
 TIMEOUT = 5.0  # a safety bound on each wait; never reached when the code is right
 
@@ -173,7 +173,7 @@ async def test_the_quiet_check_sees_a_byte_and_a_socket_closed_under_it() -> Non
     # The connection keeps one poll of its socket across checks: it must still see a byte
     # that arrives later, and a socket closed meanwhile must never count as quiet.
     ours, peer = socket.socketpair()
-    connection = Connection(LeanSocketStream(ours), Origin("http", "platform.test", 80))
+    connection = Connection(LeanSocketStream(ours), parse_origin("http://platform.test"))
     try:
         assert connection.is_quiet()
         assert connection.is_quiet()  # asked again, through the same poll

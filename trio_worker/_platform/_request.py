@@ -11,8 +11,7 @@ which name the request it answers without its query.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from .._config import LIMITS
@@ -28,25 +27,15 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
+    """Where a request goes, parsed once by :func:`parse_origin`: a tuple, so the pool's
+    dict lookups hash it, and read the fields every request needs, at C speed."""
+
     scheme: str
     host: str
     port: int
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.scheme == "https" else 80
-        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 literal
-        return host if self.port == default else f"{host}:{self.port}"
-
-    @property
-    def where(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://{self.where}"
+    where: str  # ``host:port``, for connecting and for error messages
+    host_header: str  # the ``Host`` value: the port only when not the scheme's default
 
 
 def parse_origin(url: str) -> Origin:
@@ -56,13 +45,17 @@ def parse_origin(url: str) -> Origin:
         TransportError: when *url* cannot be requested (scheme, host, port).
     """
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    scheme, host = parts.scheme, parts.hostname
+    if scheme not in ("http", "https") or not host:
         raise TransportError(f"cannot request {url!r}")
+    default = 443 if scheme == "https" else 80
     try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or default
     except ValueError as exc:
         raise TransportError(f"cannot request {url!r}: {exc}") from None
-    return Origin(parts.scheme, parts.hostname, port)
+    bracketed = f"[{host}]" if ":" in host else host  # an IPv6 literal
+    host_header = bracketed if port == default else f"{bracketed}:{port}"
+    return Origin(scheme, host, port, f"{host}:{port}", host_header)
 
 
 def safe_target(target: str) -> str:
