@@ -11,7 +11,7 @@ import trio.testing
 
 from trio_worker._platform import _http as http_module
 from trio_worker._platform._connection import Connection, Phase
-from trio_worker._platform._http import HttpPool, HttpResponse
+from trio_worker._platform._http import HttpPool, HttpResponse, QuietProbe
 from trio_worker._platform._network import trust_context
 from trio_worker._platform._request import parse_origin
 
@@ -382,7 +382,9 @@ async def test_a_connection_found_quiet_once_is_checked_again_at_its_next_reuse(
 
 async def test_a_connection_shows_its_named_phase() -> None:
     client_end, server_end = trio.testing.memory_stream_pair()
-    connection = Connection(client_end, parse_origin("http://platform.test:8080"))
+    connection = Connection(
+        client_end, parse_origin("http://platform.test:8080"), QuietProbe(client_end).quiet
+    )
     assert repr(connection) == "<Connection to platform.test:8080 idle, 0 exchange(s)>"
     answers: list[HttpResponse] = []
     requests = [("http://platform.test:8080/a", b""), ("http://platform.test:8080/b", b"")]

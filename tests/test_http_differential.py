@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from trio_worker import TransportError
 from trio_worker._platform._connection import MAX_HEADER_BYTES, Connection
-from trio_worker._platform._http import HttpPool, HttpResponse, ServerKinds
+from trio_worker._platform._http import HttpPool, HttpResponse, QuietProbe, ServerKinds
 from trio_worker._platform._request import parse_origin
 
 Outcome = tuple[str, int, bytes]  # ("ok", status, body) or ("rejected", 0, b"")
@@ -102,7 +102,8 @@ async def client_answers(
         await server.aclose()
 
     servers = ServerKinds()  # as if p.test had answered as HTTP/1.1: a round goes out whole
-    servers.note(Connection(trio.testing.memory_stream_pair()[0], ORIGIN), answered=True)
+    stream = trio.testing.memory_stream_pair()[0]
+    servers.note(Connection(stream, ORIGIN, QuietProbe(stream).quiet), answered=True)
     async with trio.open_nursery() as nursery:
 
         async def open_stream(host: str, port: int, tls: bool) -> trio.abc.Stream:

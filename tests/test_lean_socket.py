@@ -11,9 +11,8 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._platform._connection import Connection
+from trio_worker._platform._http import QuietProbe
 from trio_worker._platform._network import LeanSocketStream
-from trio_worker._platform._request import parse_origin
 
 TIMEOUT = 5.0  # a safety bound on each wait; never reached when the code is right
 
@@ -170,19 +169,19 @@ async def test_a_reset_by_the_peer_is_a_broken_resource(
 
 
 async def test_the_quiet_check_sees_a_byte_and_a_socket_closed_under_it() -> None:
-    # The connection keeps one poll of its socket across checks: it must still see a byte
-    # that arrives later, and a socket closed meanwhile must never count as quiet.
+    # The probe keeps one poll of its socket across checks: it must still see a byte that
+    # arrives later, and a socket closed meanwhile must never count as quiet.
     ours, peer = socket.socketpair()
-    connection = Connection(LeanSocketStream(ours), parse_origin("http://platform.test"))
+    probe = QuietProbe(LeanSocketStream(ours))
     try:
-        assert connection.is_quiet()
-        assert connection.is_quiet()  # asked again, through the same poll
+        assert probe.quiet()
+        assert probe.quiet()  # asked again, through the same poll
         peer.sendall(b"H")
-        assert not connection.is_quiet()
+        assert not probe.quiet()
         ours.recv(1)
-        assert connection.is_quiet()
+        assert probe.quiet()
         ours.close()
-        assert not connection.is_quiet()
+        assert not probe.quiet()
     finally:
         ours.close()
         peer.close()

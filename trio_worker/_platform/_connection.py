@@ -3,9 +3,10 @@
 A connection is in one of three phases:
 
 - ``IDLE``: in the pool, no request on it. It is taken for a request only when it is
-  *quiet*: no byte waits on its socket (:meth:`Connection.is_quiet`, the check httpcore
-  makes before reusing a connection). A byte on an idle connection is an answer nobody
-  asked for, or the server's close: the connection is closed, never read.
+  *quiet*: no byte waits on its socket (:attr:`Connection.is_quiet`, the pool's
+  :class:`~._http.QuietProbe`: the check httpcore makes before reusing a connection). A
+  byte on an idle connection is an answer nobody asked for, or the server's close: the
+  connection is closed, never read.
 - ``EXCHANGING``: one request, or one pipelined round, written, its answers being read.
 - ``CLOSED``: closed by us (after a failure, a cancellation, an answer that ended it, or
   anything unasked-for); never used again.
@@ -32,11 +33,10 @@ import trio
 
 from .._config import LIMITS, MAX_ANSWER_BYTES
 from .._exceptions import TransportError
-from ._network import QuietProbe
 from ._request import head_too_large, too_large
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from ._request import Origin
 
@@ -93,9 +93,13 @@ class HttpBackend(Protocol):
 class Connection:
     """One connection: its phase, its h11 state, and the reading of its answers."""
 
-    def __init__(self, stream: trio.abc.Stream, origin: Origin) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, origin: Origin, is_quiet: Callable[[], bool]
+    ) -> None:
+        """*is_quiet*: whether no byte (nor the server's close) waits on its socket."""
         self.stream = stream
         self.origin = origin
+        self.is_quiet = is_quiet
         self.protocol = _new_protocol()
         self.phase = Phase.IDLE
         self.exchanges = 0  # requests (or pipelined rounds) written on it, the current included
@@ -104,7 +108,6 @@ class Connection:
         # the close), once an answer showed it: its origin is never pipelined to again.
         self.not_persistent: str | None = None
         self.idle_since = 0.0  # trio time it last went back to the pool
-        self._quiet_probe: QuietProbe | None = None
         # The answer being read: its bytes so far (the head's bound counts these), whether
         # its final head arrived, whether the server closed its side during it.
         self._received = 0
@@ -133,17 +136,6 @@ class Connection:
         """Close it; the stream is closed even when cancelled (raised afterwards)."""
         self.phase = Phase.CLOSED
         await trio.aclose_forcefully(self.stream)
-
-    def is_quiet(self) -> bool:
-        """Whether no byte (nor the server's close) waits on this idle connection's socket.
-
-        A stream without a socket of its own (an in-memory one) cannot be asked, and is
-        taken as quiet.
-        """
-        probe = self._quiet_probe
-        if probe is None:
-            probe = self._quiet_probe = QuietProbe(self.stream)
-        return probe.quiet()
 
     async def exchange(
         self,

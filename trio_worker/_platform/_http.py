@@ -11,12 +11,13 @@ rule.
 The pool, as httpcore's: at most ``max_connections`` open connections, in use and idle
 together; a request that finds all of them in use waits for one (within its caller's
 deadline), and an idle connection to another origin is closed to make room. An idle
-connection is used again only when it is quiet and has been idle for at most
-``keepalive_expiry`` (a server closes idle connections on a timeout of its own; an older
-one is closed instead). One deadline per request: the caller's cancel scope bounds the
-whole of it (connect, write, every byte of the answer), never a timeout per read; the
-connect alone also has its own bound, ``connect_timeout``. A request cancelled mid-flight
-closes its connection, so cancellation never leaks a slot (encode/httpcore#1093).
+connection is used again only when it is quiet (:class:`QuietProbe`: no byte waits on its
+socket) and has been idle for at most ``keepalive_expiry`` (a server closes idle
+connections on a timeout of its own; an older one is closed instead). One deadline per
+request: the caller's cancel scope bounds the whole of it (connect, write, every byte of
+the answer), never a timeout per read; the connect alone also has its own bound,
+``connect_timeout``. A request cancelled mid-flight closes its connection, so
+cancellation never leaks a slot (encode/httpcore#1093).
 
 With a proxy variable set, :func:`make_backend` returns :class:`._proxy.ProxyRoutes`
 instead, which sends each origin direct (this pool) or through its proxy (httpx). Where
@@ -28,6 +29,7 @@ client over in-memory streams to the fake platform (``trio_worker.testing``).
 from __future__ import annotations
 
 import os
+import select
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -47,6 +49,7 @@ from ._network import close_all, open_tcp_stream, open_tls_stream, trust_context
 from ._request import UNSAFE_TARGET, Origin, check_headers, parse_origin, safe_target
 
 if TYPE_CHECKING:
+    import socket
     import ssl
     from collections.abc import Mapping, Sequence
 
@@ -55,6 +58,7 @@ __all__ = [
     "HttpBackend",
     "HttpPool",
     "HttpResponse",
+    "QuietProbe",
     "ServerKinds",
     "StreamOpener",
     "make_backend",
@@ -374,7 +378,7 @@ class HttpPool:
                 raise TransportError(f"cannot connect to {origin.where}: {exc}") from exc
         if scope.cancelled_caught:
             raise TransportError(f"cannot connect to {origin.where}: timed out")
-        return Connection(stream, origin)
+        return Connection(stream, origin, QuietProbe(stream).quiet)
 
     def _in_use(self) -> int:
         return self.max_connections - self._slots.value
@@ -398,3 +402,42 @@ class HttpPool:
         if not tls:
             return await open_tcp_stream(host, port)
         return await open_tls_stream(host, port, self.ssl_context)
+
+
+def _raw_socket(stream: trio.abc.Stream) -> socket.socket | trio.socket.SocketType | None:
+    """The socket under *stream* (a TCP stream, or TLS over one), if any."""
+    inner: object = stream
+    for _ in range(4):
+        sock = getattr(inner, "socket", None)
+        if sock is not None:
+            return sock  # type: ignore[no-any-return]
+        inner = getattr(inner, "transport_stream", None)
+        if inner is None:
+            return None
+    return None
+
+
+class QuietProbe:
+    """httpcore's ``is_socket_readable`` for the socket under a stream: a zero-timeout poll
+    of it, registered once (the check runs before every reuse). A stream without a socket
+    (an in-memory one) cannot be asked, and is taken as quiet."""
+
+    __slots__ = ("_poller", "_sock")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._sock = sock = _raw_socket(stream)
+        self._poller: select.poll | None = None
+        if sock is not None and hasattr(select, "poll") and sock.fileno() >= 0:
+            self._poller = select.poll()
+            self._poller.register(sock.fileno(), select.POLLIN)
+
+    def quiet(self) -> bool:
+        sock = self._sock
+        if sock is None:
+            return True
+        if sock.fileno() < 0:
+            return False  # closed under us: not usable
+        if self._poller is None:  # pragma: no cover - Windows
+            readable, _, _ = select.select([sock], [], [], 0)
+            return not readable
+        return not self._poller.poll(0)

@@ -32,7 +32,6 @@ trio's lazy ``BrokenResourceError()`` on the first send.
 from __future__ import annotations
 
 import functools
-import select
 import socket
 import ssl
 from typing import TYPE_CHECKING, Protocol
@@ -50,7 +49,7 @@ class LeanSocketStream(trio.abc.Stream):
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
-        self.socket = sock  # the quiet check (._connection) polls it before a reuse
+        self.socket = sock  # the pool's quiet check (._http) polls it before a reuse
         self._sending = False
         self._receiving = False
         # Set by a send, cleared by the next receive: see receive_some.
@@ -191,45 +190,6 @@ async def open_tls_stream(
         await trio.aclose_forcefully(tcp)
         raise
     return stream
-
-
-def _raw_socket(stream: trio.abc.Stream) -> socket.socket | trio.socket.SocketType | None:
-    """The socket under *stream* (a TCP stream, or TLS over one), if any."""
-    inner: object = stream
-    for _ in range(4):
-        sock = getattr(inner, "socket", None)
-        if sock is not None:
-            return sock  # type: ignore[no-any-return]
-        inner = getattr(inner, "transport_stream", None)
-        if inner is None:
-            return None
-    return None
-
-
-class QuietProbe:
-    """httpcore's ``is_socket_readable`` for the socket under a stream: a zero-timeout poll
-    of it, registered once (the check runs before every reuse). A stream without a socket
-    (an in-memory one) cannot be asked, and is taken as quiet."""
-
-    __slots__ = ("_poller", "_sock")
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self._sock = sock = _raw_socket(stream)
-        self._poller: select.poll | None = None
-        if sock is not None and hasattr(select, "poll") and sock.fileno() >= 0:
-            self._poller = select.poll()
-            self._poller.register(sock.fileno(), select.POLLIN)
-
-    def quiet(self) -> bool:
-        sock = self._sock
-        if sock is None:
-            return True
-        if sock.fileno() < 0:
-            return False  # closed under us: not usable
-        if self._poller is None:  # pragma: no cover - Windows
-            readable, _, _ = select.select([sock], [], [], 0)
-            return not readable
-        return not self._poller.poll(0)
 
 
 class Closable(Protocol):
