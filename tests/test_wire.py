@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_worker._platform._wire import MAX_JOB_ID_LENGTH, TakeResponse, parse_stop, parse_take
+from trio_worker._platform._client import MAX_JOB_ID_LENGTH, TakeResponse, parse_take
+from trio_worker._platform._wire import parse_stop
 
 JSON = "application/json"
 

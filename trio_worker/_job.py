@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ._config import Timings
     from ._delivery import Delivery
     from ._options import Concurrency
-    from ._platform._wire import TakeResponse
+    from ._platform._client import TakeResponse
     from ._runner import JobRunner, Report
     from ._state import HeldJob, Ledger, WorkerState
 

@@ -1,4 +1,5 @@
-"""The platform protocol: take, stop, done, stream (docs/protocol.md §2).
+"""The platform protocol: take, stop, done, stream (docs/protocol.md §2), and the take's
+answer read into jobs.
 
 Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, stream,
 progress) the other. Cancelling a long-poll can leak a pool slot under contention
@@ -7,29 +8,31 @@ progress) the other. Cancelling a long-poll can leak a pool slot under contentio
 Every call here is a single attempt: what is worth another, and when, is decided
 elsewhere, once (the reports' retries in :meth:`~trio_worker._delivery.Delivery.post`, the
 long-polls' pauses in the supervisor's one poll loop, both waits paced by
-:mod:`trio_worker._pacing`). A ``Retry-After`` is parsed here (:func:`retry_after`) and
-handed on as asked, with no floor or cap of this module's.
+:mod:`trio_worker._pacing`). A ``Retry-After`` is parsed once (:func:`~._wire.retry_after`)
+and handed on as asked, with no floor or cap of this module's.
+
+Everything a job's take and report need is here or in the pool: a take answer is decoded
+whole and its items classified (:func:`parse_take`); only an answer that does not decode,
+or is too large, or a stop answer, is read by :mod:`._wire`.
 """
 
 from __future__ import annotations
 
-import email.utils
 import functools
+import json
 import logging
-import math
 import platform
-import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._config import MAX_TAKE_ANSWER_BYTES
+from .._config import LIMITS, MAX_TAKE_ANSWER_BYTES
 from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
 from ._connection import HttpResponse, PipeliningUnsupported
 from ._http import ServerKinds, make_backend
-from ._wire import TakeResponse, parse_oversized_take, parse_stop, parse_take
+from ._wire import Unreadable, id_strings, parse_stop, retry_after, split_items
 
 if TYPE_CHECKING:
     from .._config import PlatformConfig, Timings
@@ -264,29 +267,154 @@ def asked_pause(response: HttpResponse) -> float | None:
     return retry_after(response) if response.status in (429, 503) else None
 
 
-def retry_after(response: HttpResponse) -> float | None:
-    """The wait an answer's ``Retry-After`` asks for, in seconds: the one parser of that
-    header for every route. Its floor, cap and jitter are applied in one place,
-    :func:`~trio_worker._pacing.rate_limit_wait`, for every route.
+# -- the take's answer (docs/protocol.md §2.1) ----------------------------------------------
+#
+# Where the reference drops a job silently (a single job missing ``input``; a batch item
+# that crashes dispatch), these rules keep it: an item with a usable ``id`` but a bad shape
+# is returned as *malformed*, so the worker can report a clear error on that job instead of
+# losing it (docs/protocol.md §8 item 5).
 
-    Delta-seconds (a fraction is taken too) or an HTTP date (one already past asks for
-    no wait). None when the header is absent or invalid: negative, not finite, garbage,
-    a date without a zone.
+MAX_JOB_ID_LENGTH = LIMITS.job_id
+
+
+@dataclass
+class TakeResponse:
+    """What one take answer delivered."""
+
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    # (job id, reason): owed an error report, the handler must not run.
+    malformed: list[tuple[str, str]] = field(default_factory=list)
+    # Items that carry no usable id: nothing can be reported, only logged.
+    unaddressable: list[str] = field(default_factory=list)
+    # The answer was not understood at all (not JSON, wrong content type).
+    garbled: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.jobs or self.malformed)
+
+
+def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
+    """Interpret a 2xx take answer; non-2xx statuses are handled by the caller.
+
+    A JSON object is one job, a JSON array is a batch (also accepted on the single route),
+    ``null``, ``[]`` and an empty body are "no job". An answer that does not decode as a
+    whole is read item by item (:func:`~._wire.split_items`): one job's input never costs
+    another (docs/security.md).
     """
-    raw = response.headers.get("retry-after")
-    if raw is None:
-        return None
-    raw = raw.strip()
+    if status == 204 or not body:
+        return TakeResponse()
+    if "json" not in content_type.lower():
+        return TakeResponse(garbled=f"content type {content_type!r} is not JSON")
     try:
-        seconds = float(raw)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            return None
-        seconds = max(0.0, when.timestamp() - time.time())
-    if not math.isfinite(seconds) or seconds < 0:
-        return None
-    return seconds
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return _parse_items(body)
+    out = TakeResponse()
+    if isinstance(data, dict):
+        _classify_item(data, out)
+    elif isinstance(data, list):
+        for item in data:
+            _classify_item(item, out)
+    elif data is not None:
+        out.garbled = f"unexpected JSON {type(data).__name__}"
+    return out
+
+
+def id_problem(value: object) -> str | None:
+    """Why *value* cannot address a job on the platform, or None when it can.
+
+    A job id goes into the job-done and job-stream URLs percent-encoded as one path segment
+    (:meth:`PlatformClient.done_url`) and into the ping's ``job_id`` list, so it must be text
+    that survives the trip: a string, not empty, at most ``MAX_JOB_ID_LENGTH`` characters
+    (at most ~6 KiB once encoded, within any server's request line), and printable, which
+    also rules out control characters (a log line or a header could be forged with them)
+    and lone surrogates (no UTF-8 form, so no URL) (docs/protocol.md §2.1).
+    """
+    if not isinstance(value, str):
+        return f"the id is not a string but {type(value).__name__}"
+    if not value:
+        return "the id is empty"
+    if len(value) > MAX_JOB_ID_LENGTH:
+        return f"the id has {len(value)} characters, over {MAX_JOB_ID_LENGTH}"
+    if not value.isprintable():
+        return "the id holds a control or unprintable character"
+    return None
+
+
+def _classify_item(item: object, out: TakeResponse) -> None:
+    if not isinstance(item, dict):
+        out.unaddressable.append(f"job is not an object: {_preview(item)}")
+        return
+    job_id = item.get("id")
+    problem = "the job has no 'id'" if "id" not in item else id_problem(job_id)
+    if problem is not None:
+        out.unaddressable.append(f"{problem}: {_preview(item)}")
+        return
+    assert isinstance(job_id, str)
+    if "input" not in item:
+        out.malformed.append((job_id, "the job has no 'input' field"))
+        return
+    out.jobs.append(item)
+
+
+def _preview(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _parse_items(body: bytes) -> TakeResponse:
+    """A take answer that did not decode as a whole, from the items :func:`~._wire.split_items`
+    found: each decoded one classified as any; one that does not decode is malformed when it
+    names a usable id (else it is lost, and said so); when the structure broke, every id
+    read, before the break and after it, is failed."""
+    found = split_items(body)
+    out = TakeResponse()
+    lost: list[str] = []
+    for item in found.items:
+        if isinstance(item, Unreadable):
+            ids = _usable(item.ids)
+            if ids:
+                out.malformed.append((ids[0], f"the job cannot be decoded: {item.why}"))
+            else:
+                lost.append(item.why)
+        else:
+            _classify_item(item, out)
+    if found.broken is not None:
+        decoded = [job["id"] for job in out.jobs] + [job_id for job_id, _ in out.malformed]
+        ids = list(dict.fromkeys([*decoded, *_usable(found.broken)]))
+        out = TakeResponse(garbled=f"body is not JSON; {len(ids)} job id(s) recovered and failed")
+        out.malformed = [(job_id, "the take answer carrying the job is not JSON") for job_id in ids]
+    elif lost:
+        out.garbled = f"body is not JSON: {len(lost)} item(s) without a readable id ({lost[0]})"
+    return out
+
+
+def _usable(ids: list[str]) -> list[str]:
+    return [job_id for job_id in ids if id_problem(job_id) is None]
+
+
+def parse_oversized_take(size: int, limit: int, head: bytes) -> TakeResponse:
+    """A 2xx take answer of *size* bytes refused for being over *limit*, of which *head*
+    (its first bytes) was read: the jobs named there are failed as too large, and the
+    loss of any other is logged (ERROR) with what is known."""
+    ids = _usable(id_strings(head.decode("utf-8", errors="replace")))
+    reason = f"input too large: its take answer has {size} bytes, over the {limit}-byte bound"
+    if ids:
+        log.error(
+            "job-take answer of %d bytes refused (over %d): %d job(s) named in its first "
+            "%d bytes are failed as too large; any job past them is lost",
+            size,
+            limit,
+            len(ids),
+            len(head),
+        )
+    else:
+        log.error(
+            "JOBS LOST: a job-take answer of %d bytes was refused (over %d) and names no "
+            "job id in its first %d bytes: whatever jobs it carried are lost",
+            size,
+            limit,
+            len(head),
+        )
+    return TakeResponse(malformed=[(job_id, reason) for job_id in ids])

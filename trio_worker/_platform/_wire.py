@@ -1,170 +1,60 @@
-"""Parsing the platform's take and stop responses (docs/protocol.md §2.1, §2.2, §2.5).
+"""Reading the platform's answers where a job's path does not go (docs/protocol.md §2.1,
+§2.2, §2.5): the stop answer, a ``Retry-After``, and a take answer ``json.loads`` refused or
+that was too large to read whole.
 
-No I/O but one log line, for jobs lost in an answer too large to read.
-
-Kept pure so the rules for odd answers are tested one by one. Where the reference drops a
-job silently (a single job missing ``input``; a batch item that crashes dispatch), these
-rules keep it: an item with a usable ``id`` but a bad shape is returned as *malformed*, so the
-worker can report a clear error on that job instead of losing it (docs/protocol.md §8 item 5).
-
-One job's input never costs another job (docs/security.md). A take answer is decoded whole
-when it can be (the fast path); when it cannot, each item is decoded on its own where it
-starts, and one that does not decode is skipped by a scan that does not recurse
+No I/O. A take answer is parsed by the client (:func:`~._client.parse_take`), which decodes
+it whole; only when it does not decode are its items split here, each decoded on its own
+where it starts, and one that does not decode is skipped by a scan that does not recurse
 (:func:`_skip_value`): a job nested 5,000 deep once made the whole batch raise
-``RecursionError``, and every job in it was dropped. An item that cannot be decoded is
-malformed when its id can be read (``MalformedJob`` with the reason); an answer whose
-structure is broken has its ids read by the same scan (:func:`recover_ids`), and each is
-failed.
+``RecursionError``, and every job in it was dropped. What this module finds is text: the
+decoded items and the id strings the rest names (:func:`id_strings`); which of them are
+jobs, and which ids are usable, the client's rules decide (docs/protocol.md §8 item 5).
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
-import logging
+import math
 import re
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from typing import TYPE_CHECKING, NamedTuple
 
-from .._config import LIMITS
-
-MAX_JOB_ID_LENGTH = LIMITS.job_id
-
-log = logging.getLogger("trio_worker")
+if TYPE_CHECKING:
+    from ._connection import HttpResponse
 
 
-@dataclass
-class TakeResponse:
-    """What one take answer delivered."""
+class Unreadable(NamedTuple):
+    """An item of a take answer that does not decode: the id strings it names, and why."""
 
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-    # (job id, reason): owed an error report, the handler must not run.
-    malformed: list[tuple[str, str]] = field(default_factory=list)
-    # Items that carry no usable id: nothing can be reported, only logged.
-    unaddressable: list[str] = field(default_factory=list)
-    # The answer was not understood at all (not JSON, wrong content type).
-    garbled: str | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.jobs or self.malformed)
+    ids: list[str]
+    why: str
 
 
-def id_problem(value: object) -> str | None:
-    """Why *value* cannot address a job on the platform, or None when it can.
+class Items(NamedTuple):
+    """What :func:`split_items` found: the items in order (decoded, or :class:`Unreadable`),
+    and where the answer's structure broke, the id strings named from there on (None when
+    it did not break)."""
 
-    A job id goes into the job-done and job-stream URLs percent-encoded as one path segment
-    (``PlatformConfig.done_url``) and into the ping's ``job_id`` list, so it must be text
-    that survives the trip: a string, not empty, at most ``MAX_JOB_ID_LENGTH`` characters
-    (at most ~6 KiB once encoded, within any server's request line), and printable, which
-    also rules out control characters (a log line or a header could be forged with them)
-    and lone surrogates (no UTF-8 form, so no URL) (docs/protocol.md §2.1).
-    """
-    if not isinstance(value, str):
-        return f"the id is not a string but {type(value).__name__}"
-    if not value:
-        return "the id is empty"
-    if len(value) > MAX_JOB_ID_LENGTH:
-        return f"the id has {len(value)} characters, over {MAX_JOB_ID_LENGTH}"
-    if not value.isprintable():
-        return "the id holds a control or unprintable character"
-    return None
+    items: list[object]
+    broken: list[str] | None
 
 
-def _classify_item(item: object, out: TakeResponse) -> None:
-    if not isinstance(item, dict):
-        out.unaddressable.append(f"job is not an object: {_preview(item)}")
-        return
-    job_id = item.get("id")
-    problem = "the job has no 'id'" if "id" not in item else id_problem(job_id)
-    if problem is not None:
-        out.unaddressable.append(f"{problem}: {_preview(item)}")
-        return
-    assert isinstance(job_id, str)
-    if "input" not in item:
-        out.malformed.append((job_id, "the job has no 'input' field"))
-        return
-    out.jobs.append(item)
-
-
-def _preview(value: object, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
-    """Interpret a 2xx take answer; non-2xx statuses are handled by the caller.
-
-    A JSON object is one job, a JSON array is a batch (also accepted on the single route),
-    ``null``, ``[]`` and an empty body are "no job".
-    """
-    if status == 204 or not body:
-        return TakeResponse()
-    if "json" not in content_type.lower():
-        return TakeResponse(garbled=f"content type {content_type!r} is not JSON")
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return _parse_one_by_one(body)
-    out = TakeResponse()
-    if isinstance(data, dict):
-        _classify_item(data, out)
-    elif isinstance(data, list):
-        for item in data:
-            _classify_item(item, out)
-    elif data is not None:
-        out.garbled = f"unexpected JSON {type(data).__name__}"
-    return out
-
-
-def parse_oversized_take(size: int, limit: int, head: bytes) -> TakeResponse:
-    """A 2xx take answer of *size* bytes refused for being over *limit*, of which *head*
-    (its first bytes) was read: the jobs named there are failed as too large, and the
-    loss of any other is logged (ERROR) with what is known."""
-    ids = recover_ids(head.decode("utf-8", errors="replace"))
-    reason = f"input too large: its take answer has {size} bytes, over the {limit}-byte bound"
-    if ids:
-        log.error(
-            "job-take answer of %d bytes refused (over %d): %d job(s) named in its first "
-            "%d bytes are failed as too large; any job past them is lost",
-            size,
-            limit,
-            len(ids),
-            len(head),
-        )
-    else:
-        log.error(
-            "JOBS LOST: a job-take answer of %d bytes was refused (over %d) and names no "
-            "job id in its first %d bytes: whatever jobs it carried are lost",
-            size,
-            limit,
-            len(head),
-        )
-    return TakeResponse(malformed=[(job_id, reason) for job_id in ids])
-
-
-def _why_not(exc: Exception) -> str:
-    if isinstance(exc, RecursionError):
-        return "its JSON is nested too deep to decode"
-    return f"it is not JSON ({_preview(str(exc), 120)})"
-
-
-def _parse_one_by_one(body: bytes) -> TakeResponse:
-    """The answer as a whole did not decode: each item on its own, or every id failed.
-
-    Each item is decoded where it starts (``raw_decode``, at C speed); only an item that
-    does not decode is walked by the token scan, to find its end and its id.
-    """
+def split_items(body: bytes) -> Items:
+    """The items of a take answer that did not decode as a whole (a JSON object is one
+    item, an array holds them), each decoded where it starts (``raw_decode``, at C speed);
+    only an item that does not decode is walked by the token scan, to find its end and
+    its ids."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
-        return _failed_whole(body.decode("utf-8", errors="replace"), [], 0)
-    out = TakeResponse()
-    lost: list[str] = []
+        return Items([], id_strings(body.decode("utf-8", errors="replace")))
+    items: list[object] = []
     pos = _skip_space(text, 0)
     single = text.startswith("{", pos)
     if not single:
         if not text.startswith("[", pos):
-            return _failed_whole(text, [], 0)
+            return Items([], id_strings(text))
         pos = _skip_space(text, pos + 1)
     while True:
         item_start = pos
@@ -173,15 +63,11 @@ def _parse_one_by_one(body: bytes) -> TakeResponse:
         except (ValueError, RecursionError) as exc:
             end = _skip_value(text, pos)
             if end is None:
-                return _failed_whole(text, _ids_of(out), item_start)
-            ids = recover_ids(text[pos:end], item_depth=1)
-            if ids:
-                out.malformed.append((ids[0], f"the job cannot be decoded: {_why_not(exc)}"))
-            else:
-                lost.append(_why_not(exc))
+                return Items(items, _rest_ids(text, item_start))
+            items.append(Unreadable(id_strings(text[pos:end], item_depth=1), _why_not(exc)))
             pos = end
         else:
-            _classify_item(item, out)
+            items.append(item)
         pos = _skip_space(text, pos)
         if not single and text.startswith(",", pos):
             pos = _skip_space(text, pos + 1)
@@ -189,24 +75,19 @@ def _parse_one_by_one(body: bytes) -> TakeResponse:
         if not single and text.startswith("]", pos):
             pos = _skip_space(text, pos + 1)
         if pos != len(text):
-            return _failed_whole(text, _ids_of(out), item_start)
-        break
-    if lost:
-        out.garbled = f"body is not JSON: {len(lost)} item(s) without a readable id ({lost[0]})"
-    return out
+            return Items(items, _rest_ids(text, item_start))
+        return Items(items, None)
 
 
-def _failed_whole(text: str, decoded: list[str], rest: int) -> TakeResponse:
-    """The ids of the items *decoded* before the structure broke, and those read by the
-    scan from *rest* on: each is failed."""
-    ids = list(dict.fromkeys([*decoded, *recover_ids(text[rest:], item_depth=1 if rest else None)]))
-    out = TakeResponse(garbled=f"body is not JSON; {len(ids)} job id(s) recovered and failed")
-    out.malformed = [(job_id, "the take answer carrying the job is not JSON") for job_id in ids]
-    return out
+def _rest_ids(text: str, start: int) -> list[str]:
+    return id_strings(text[start:], item_depth=1 if start else None)
 
 
-def _ids_of(out: TakeResponse) -> list[str]:
-    return [job["id"] for job in out.jobs] + [job_id for job_id, _ in out.malformed]
+def _why_not(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "its JSON is nested too deep to decode"
+    text = repr(str(exc))
+    return f"it is not JSON ({text if len(text) <= 120 else text[:120] + '...'})"
 
 
 _DECODER = json.JSONDecoder()
@@ -245,13 +126,13 @@ def _skip_value(text: str, pos: int) -> int | None:
     return None
 
 
-def recover_ids(text: str, *, item_depth: int | None = None) -> list[str]:
-    """The usable job ids in *text*, read without decoding it: the string value of each
-    ``"id"`` key of the objects at *item_depth* (default: the top-level object, or the
-    objects of the top-level array). Works on a truncated answer too; never raises."""
+def id_strings(text: str, *, item_depth: int | None = None) -> list[str]:
+    """The string value of each ``"id"`` key of the objects at *item_depth* in *text*
+    (default: the top-level object, or the objects of the top-level array), each once, in
+    order, read without decoding it: whether each is a usable id is the caller's rule.
+    Works on a truncated answer too; never raises."""
     stack: list[str] = []
-    ids: list[str] = []
-    seen: set[str] = set()
+    ids: dict[str, None] = {}
     depth = item_depth
     state = 0  # 1: an "id" key was read at the item depth, 2: its colon too
     for match in _TOKEN.finditer(text):
@@ -266,9 +147,8 @@ def recover_ids(text: str, *, item_depth: int | None = None) -> list[str]:
         at_item = len(stack) == depth and stack[-1] == "{"
         if state == 2 and token.startswith('"') and len(token) > 1 and at_item:
             job_id = _decode_string(token)
-            if job_id is not None and id_problem(job_id) is None and job_id not in seen:
-                seen.add(job_id)
-                ids.append(job_id)
+            if job_id is not None:
+                ids[job_id] = None
             state = 0
         elif state == 1 and token == ":":
             state = 2
@@ -276,7 +156,7 @@ def recover_ids(text: str, *, item_depth: int | None = None) -> list[str]:
             state = 1
         else:
             state = 0
-    return ids
+    return list(ids)
 
 
 def _decode_string(token: str) -> str | None:
@@ -303,3 +183,31 @@ def parse_stop(content_type: str, body: bytes) -> tuple[list[str], str | None]:
     ids = [item for item in items if isinstance(item, str)]
     warning = None if len(ids) == len(items) else "non-string entries in 'jobsToStop' dropped"
     return ids, warning
+
+
+def retry_after(response: HttpResponse) -> float | None:
+    """The wait an answer's ``Retry-After`` asks for, in seconds: the one parser of that
+    header for every route. Its floor, cap and jitter are applied in one place,
+    :func:`~trio_worker._pacing.rate_limit_wait`, for every route.
+
+    Delta-seconds (a fraction is taken too) or an HTTP date (one already past asks for
+    no wait). None when the header is absent or invalid: negative, not finite, garbage,
+    a date without a zone.
+    """
+    raw = response.headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = max(0.0, when.timestamp() - time.time())
+    if not math.isfinite(seconds) or seconds < 0:
+        return None
+    return seconds
