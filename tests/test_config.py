@@ -19,6 +19,7 @@ from trio_worker._config import (
     platform_from_env,
 )
 from trio_worker._exceptions import ConfigurationError
+from trio_worker._platform._client import report_attempt_bound
 
 if TYPE_CHECKING:
     pass
@@ -169,7 +170,7 @@ def test_timings_reject_nan() -> None:
 def test_timings_report_min_rate_must_be_positive() -> None:
     with pytest.raises(ConfigurationError, match="report_min_rate"):
         Timings(report_min_rate=0)
-    assert Timings(report_min_rate=0.5).report_attempt_bound(1) == 10.0 + 2.0
+    assert report_attempt_bound(Timings(report_min_rate=0.5), 1) == 10.0 + 2.0
 
 
 # --- Settings -----------------------------------------------------------------------------

@@ -9,16 +9,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trio_worker._config import (
-    platform_from_env,
-    with_query,
-)
+from trio_worker._config import PlatformConfig, Timings, platform_from_env, with_query
 from trio_worker._exceptions import ConfigurationError
+from trio_worker._platform._client import PlatformClient
 
 if TYPE_CHECKING:
     pass
 
 from .config_env import H, env
+
+
+def routes(config: PlatformConfig) -> PlatformClient:
+    """The client that builds every route's URL from the config's templates."""
+    return PlatformClient(config, Timings())
+
 
 # --- GET_JOB: take, batch and stop URLs ---------------------------------------------------
 
@@ -85,15 +89,15 @@ def test_done_and_stream_templates_have_pod_id_replaced_at_start_only() -> None:
 
 
 def test_done_url_replaces_job_id_and_appends_is_stream_with_ampersand() -> None:
-    config = platform_from_env(env())
-    assert config.done_url("j-1", is_stream=False) == f"{H}/job-done/w1/j-1?gpu=A100&isStream=false"
-    assert config.done_url("j-1", is_stream=True) == f"{H}/job-done/w1/j-1?gpu=A100&isStream=true"
+    client = routes(platform_from_env(env()))
+    assert client.done_url("j-1", is_stream=False) == f"{H}/job-done/w1/j-1?gpu=A100&isStream=false"
+    assert client.done_url("j-1", is_stream=True) == f"{H}/job-done/w1/j-1?gpu=A100&isStream=true"
 
 
 def test_stream_url_always_says_is_stream_false() -> None:
     # docs/protocol.md §2.4: stream chunks are sent with isStream=false.
     config = platform_from_env(env())
-    assert config.stream_url("j-2") == f"{H}/job-stream/w1/j-2?gpu=A100&isStream=false"
+    assert routes(config).stream_url("j-2") == f"{H}/job-stream/w1/j-2?gpu=A100&isStream=false"
 
 
 def test_template_without_query_gets_a_question_mark() -> None:
@@ -103,8 +107,8 @@ def test_template_without_query_gets_a_question_mark() -> None:
             RUNPOD_WEBHOOK_POST_STREAM=f"{H}/job-stream/$RUNPOD_POD_ID/$ID",
         )
     )
-    assert config.done_url("j", is_stream=True) == f"{H}/job-done/w1/j?isStream=true"
-    assert config.stream_url("j") == f"{H}/job-stream/w1/j?isStream=false"
+    assert routes(config).done_url("j", is_stream=True) == f"{H}/job-done/w1/j?isStream=true"
+    assert routes(config).stream_url("j") == f"{H}/job-stream/w1/j?isStream=false"
 
 
 def test_done_template_without_job_id_placeholder_is_refused() -> None:
@@ -126,7 +130,7 @@ def test_post_output_unset_in_queue_mode_is_refused(value: str | None) -> None:
 def test_post_stream_unset_is_derived_from_the_job_done_url() -> None:
     config = platform_from_env(env(RUNPOD_WEBHOOK_POST_STREAM=None))
     assert config.stream_template == f"{H}/job-stream/w1/$ID?gpu=A100"
-    assert config.stream_url("j") == f"{H}/job-stream/w1/j?gpu=A100&isStream=false"
+    assert routes(config).stream_url("j") == f"{H}/job-stream/w1/j?gpu=A100&isStream=false"
 
 
 def test_post_stream_unset_and_not_derivable_is_refused() -> None:
@@ -189,8 +193,8 @@ def test_api_key_with_control_or_non_ascii_characters_is_refused_without_showing
 
 def test_job_id_per_request_does_not_touch_the_template() -> None:
     config = platform_from_env(env())
-    config.done_url("first", is_stream=False)
-    assert config.done_url("second", is_stream=False).startswith(f"{H}/job-done/w1/second?")
+    routes(config).done_url("first", is_stream=False)
+    assert routes(config).done_url("second", is_stream=False).startswith(f"{H}/job-done/w1/second?")
     assert "$ID" in config.done_template
 
 
@@ -257,7 +261,7 @@ def test_with_query(url: str, expected: str) -> None:
     assert with_query(url, "p=1") == expected
 
 
-def test_every_route_url_is_built_by_the_platform_config() -> None:
+def test_every_route_url_is_built_by_the_platform_client() -> None:
     config = platform_from_env(
         {
             "RUNPOD_POD_ID": "w1",
@@ -265,13 +269,16 @@ def test_every_route_url_is_built_by_the_platform_config() -> None:
             "RUNPOD_WEBHOOK_POST_OUTPUT": "https://api/v2/e/job-done/$RUNPOD_POD_ID/$ID",
         }
     )
-    assert config.take_request_url(1, in_progress=True) == (
+    assert routes(config).take_url(1, in_progress=True) == (
         "https://api/v2/e/job-take/w1?gpu=a&job_in_progress=1"
     )
-    assert config.take_request_url(3, in_progress=False) == (
+    assert routes(config).take_url(3, in_progress=False) == (
         "https://api/v2/e/job-take-batch/w1?gpu=a&batch_size=3&job_in_progress=0"
     )
-    assert config.done_url("j", is_stream=True) == "https://api/v2/e/job-done/w1/j?isStream=true"
+    assert (
+        routes(config).done_url("j", is_stream=True)
+        == "https://api/v2/e/job-done/w1/j?isStream=true"
+    )
 
 
 # --- the worker's identity: pod id, endpoint id, hostname (docs/security.md) --------------
@@ -300,7 +307,7 @@ def test_url_characters_in_the_pod_id_are_percent_encoded_in_every_url() -> None
     assert config.worker_id == "w?x=1#f/g&h"  # as is in error payloads (JSON)
     assert config.take_url == f"{H}/job-take/{encoded}?gpu=A100"
     assert config.stop_url == f"{H}/job-stop/{encoded}?gpu=A100"
-    assert config.done_url("j1", is_stream=False) == (
+    assert routes(config).done_url("j1", is_stream=False) == (
         f"{H}/job-done/{encoded}/j1?gpu=A100&isStream=false"
     )
     assert config.ping_url == f"{H}/ping/{encoded}?gpu=A100"

@@ -391,7 +391,7 @@ async def test_the_platform_client_turns_pipelining_off_for_such_an_origin(
     caplog.set_level(logging.INFO, logger="trio_worker")
     client = PlatformClient(platform_from_env(platform_env(server)), Timings())
     server.reply(response(b"", "204 No Content", version="HTTP/1.0"))  # a take's answer
-    chunks = [(client.config.stream_url("j1"), b"%d" % n) for n in range(3)]
+    chunks = [(client.stream_url("j1"), b"%d" % n) for n in range(3)]
     try:
         with trio.fail_after(TIMEOUT):
             await send_one(client.polls, "GET", server.url("/take"))
@@ -536,7 +536,7 @@ async def test_a_round_of_stream_chunks_holds_little_however_large_the_answers(
     count = 16
     config = platform_from_env(platform_env(server))
     client = PlatformClient(config, Timings())
-    chunks = [(config.stream_url("j1"), b'{"output": %d}' % n) for n in range(count)]
+    chunks = [(client.stream_url("j1"), b'{"output": %d}' % n) for n in range(count)]
     await prove(client, server)  # as the take's answer does before any chunk
     server.reply(*[response(big)] * count)
     for _ in range(count - 1):

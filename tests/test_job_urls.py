@@ -11,7 +11,8 @@ import trio
 import trio.testing
 
 import trio_worker.testing
-from trio_worker._config import Settings, job_path_segment
+from trio_worker._config import Settings
+from trio_worker._platform._client import PlatformClient, job_path_segment
 from trio_worker._platform._http import HttpPool
 from trio_worker.testing import FakePlatform, memory_network, run_platform_server
 
@@ -26,8 +27,10 @@ TEMPLATE_ENV = {
 }
 
 
-def platform_config() -> Any:
-    return Settings.from_environ(TEMPLATE_ENV).platform
+def platform_routes() -> PlatformClient:
+    """The client whose routes' URLs are built from TEMPLATE_ENV's templates."""
+    settings = Settings.from_environ(TEMPLATE_ENV)
+    return PlatformClient(settings.platform, settings.timings)
 
 
 @pytest.mark.parametrize(
@@ -51,12 +54,12 @@ def test_job_path_segment(job_id: str, segment: str) -> None:
 
 @pytest.mark.parametrize("job_id", ODD_IDS)
 def test_done_and_stream_urls_keep_the_id_in_one_segment(job_id: str) -> None:
-    config = platform_config()
-    done = config.done_url(job_id, is_stream=False)
-    stream = config.stream_url(job_id)
+    routes = platform_routes()
+    done = routes.done_url(job_id, is_stream=False)
+    stream = routes.stream_url(job_id)
     segment = job_path_segment(job_id)
     assert done == f"http://p.test/v2/ep/job-done/w1/{segment}?isStream=false"
-    assert config.done_url(job_id, is_stream=True).endswith(f"/{segment}?isStream=true")
+    assert routes.done_url(job_id, is_stream=True).endswith(f"/{segment}?isStream=true")
     assert stream == f"http://p.test/v2/ep/job-stream/w1/{segment}?isStream=false"
     assert done.isascii() and " " not in done and "#" not in done
     assert done.count("?") == 1 and done.count("&") == 0
@@ -67,15 +70,15 @@ async def test_the_fake_platform_decodes_each_path_segment(
 ) -> None:
     platform = FakePlatform()
     ids = [platform.enqueue({}, job_id=job_id) for job_id in ["a", *ODD_IDS]]
-    config = platform_config()
+    routes = platform_routes()
     async with memory_network(platform) as opener:
         client = HttpPool({}, open_stream=opener)
         # The platform hands the jobs out, then each result is posted to its own URL.
         for _ in ids:
-            take = config.take_request_url(1, in_progress=False)
+            take = routes.take_url(1, in_progress=False)
             assert (await send_one(client, "GET", take)).status == 200
         for job_id in ODD_IDS:
-            url = config.done_url(job_id, is_stream=False)
+            url = routes.done_url(job_id, is_stream=False)
             body = b'{"output": "%s"}' % job_path_segment(job_id).encode()
             assert (await send_one(client, "POST", url, body)).status == 200
         await client.aclose()

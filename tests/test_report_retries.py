@@ -24,13 +24,9 @@ from trio_worker._config import Settings, Timings, platform_from_env
 from trio_worker._delivery import Delivery
 from trio_worker._pacing import RATE_LIMIT_JITTER
 from trio_worker._payloads import Payloads
-from trio_worker._platform._client import (
-    REPORT_CONTENT_TYPE,
-    PlatformClient,
-    ReportOutcome,
-    retry_after,
-)
+from trio_worker._platform._client import REPORT_CONTENT_TYPE, PlatformClient, ReportOutcome
 from trio_worker._platform._http import HttpResponse
+from trio_worker._platform._wire import retry_after
 from trio_worker._scopes import Scopes
 
 from .test_platform_client import (

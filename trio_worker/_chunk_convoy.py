@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, TypeAlias
 import trio
 
 from ._chunk_posts import BATCH_BYTES, BATCH_REQUESTS, ChunkSink, Seat
-from ._platform._client import ReportOutcome, asked_pause, is_retryable
+from ._platform._client import ReportOutcome, is_retryable, report_attempt_bound
+from ._platform._wire import asked_pause
 
 if TYPE_CHECKING:
     from ._chunk_posts import Answered
@@ -87,7 +88,7 @@ class ChunkConvoy(ChunkSink):
     # -- the ChunkSink -----------------------------------------------------------------
 
     def open_stream(self, job_id: str, answered: Answered) -> Seat:
-        url = self._platform().settings.platform.stream_url(job_id) if self._delivery else job_id
+        url = self._platform().client.stream_url(job_id) if self._delivery else job_id
         self._streams += 1
         return Seat(job_id, url, answered)
 
@@ -121,7 +122,7 @@ class ChunkConvoy(ChunkSink):
         self, seat: Seat, body: bytes, *, retry_until: float, pause: float | None = None
     ) -> bool:
         delivery = self._platform()
-        bound = delivery.timings.report_attempt_bound(len(body))
+        bound = report_attempt_bound(delivery.timings, len(body))
         if pause is not None:
             # A 429 or 503 asked for a pause: paced as a report retried on its own would
             # be (the delivery's one rule, within the stream's budget and the shutdown plan).

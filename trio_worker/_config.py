@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import math
 import os
-import re
 import socket
 import uuid
 from typing import TYPE_CHECKING, Literal
@@ -179,11 +178,6 @@ class Timings:
                 f"report_min_rate must be a number > 0, got {self.report_min_rate!r}"
             )
 
-    def report_attempt_bound(self, size: int) -> float:
-        """One attempt's timeout for a body of *size* bytes: a hung connection costs this
-        much of the budget, and a large body on a slow link still gets through."""
-        return self.report_attempt_timeout + size / self.report_min_rate
-
 
 @dataclasses.dataclass(frozen=True)
 class PlatformConfig:
@@ -213,42 +207,6 @@ class PlatformConfig:
         """Every platform URL the worker may reach (the per-job ones as templates)."""
         urls = (self.take_url, self.stop_url, self.ping_url, self.done_template)
         return tuple(url for url in (*urls, self.stream_template) if url)
-
-    def done_url(self, job_id: str, *, is_stream: bool) -> str:
-        """The job-done URL of *job_id*, the id percent-encoded (see :func:`job_path_segment`)."""
-        flag = "true" if is_stream else "false"
-        path = self.done_template.replace("$ID", job_path_segment(job_id))
-        return with_query(path, f"isStream={flag}")
-
-    def stream_url(self, job_id: str) -> str:
-        path = self.stream_template.replace("$ID", job_path_segment(job_id))
-        return with_query(path, "isStream=false")
-
-    def take_request_url(self, count: int, *, in_progress: bool) -> str:
-        """The URL of one take for up to *count* jobs (docs/protocol.md §2.1)."""
-        flag = "1" if in_progress else "0"
-        if count == 1:
-            assert self.take_url is not None
-            return with_query(self.take_url, f"job_in_progress={flag}")
-        assert self.batch_take_url is not None
-        return with_query(self.batch_take_url, f"batch_size={count}&job_in_progress={flag}")
-
-
-def job_path_segment(job_id: str) -> str:
-    """*job_id* as one URL path segment: every byte but ``A-Z a-z 0-9 - . _ ~`` percent-encoded.
-
-    So ``a?x=1``, ``a#b`` or ``a&isStream=true`` cannot end the path early and land on job
-    ``a``, ``w/x`` stays one segment, and ``a b`` or ``café`` become ASCII that any HTTP head
-    can carry (docs/protocol.md §2.3). The ids the platform issues use only unescaped
-    characters, so their URLs are byte for byte the reference's. Never raises: a lone
-    surrogate (which a take never admits, docs/protocol.md §2.1) is encoded as its bytes.
-    """
-    if _UNRESERVED.fullmatch(job_id):
-        return job_id  # every id the platform issues: nothing to encode (and no quote())
-    return quote(job_id, safe="", errors="surrogatepass")
-
-
-_UNRESERVED = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 def with_query(url: str, param: str) -> str:
@@ -282,8 +240,8 @@ def _check_identity(name: str, value: str) -> str:
 
     A CR or LF in the pod id once left take and done working while every ping failed, and
     a ``?`` moved the rest of the id into the query string. Printable ASCII without
-    spaces is accepted (and percent-encoded where it goes into a URL, see
-    :func:`job_path_segment`); anything else fails the start with this one line.
+    spaces is accepted (and percent-encoded where it goes into a URL, as a job id is);
+    anything else fails the start with this one line.
     """
     if (
         not value.isascii()
@@ -363,7 +321,9 @@ def platform_from_env(environ: Mapping[str, str]) -> PlatformConfig:
             message names the variable (and never shows the API key).
     """
     worker_id = _check_identity("RUNPOD_POD_ID", environ.get("RUNPOD_POD_ID") or str(uuid.uuid4()))
-    in_url = job_path_segment(worker_id)
+    # One path segment, as a job id is in its routes' URLs (_platform._client): checked
+    # printable ASCII, so the standard library's quoting is the whole rule.
+    in_url = quote(worker_id, safe="")
     endpoint_id = environ.get("RUNPOD_ENDPOINT_ID") or None
     if endpoint_id is not None:
         _check_identity("RUNPOD_ENDPOINT_ID", endpoint_id)

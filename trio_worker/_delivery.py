@@ -41,7 +41,7 @@ import trio
 
 from ._pacing import backoff_delay, rate_limit_wait
 from ._payloads import notice
-from ._platform._client import ReportOutcome, is_retryable
+from ._platform._client import ReportOutcome, is_retryable, report_attempt_bound
 from ._progress_calls import warn_too_late
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class Delivery:
         retry: when it says yes (a newer progress update is waiting), the report is
         abandoned.
         """
-        bound = self.timings.report_attempt_bound(len(body))
+        bound = report_attempt_bound(self.timings, len(body))
         while True:
             answers = await self.client.post([(url, body)], outcome)
             status = answers[0].status if answers else None
@@ -140,7 +140,7 @@ class Delivery:
     async def deliver(self, job_id: str, body: bytes, *, is_stream: bool) -> bool:
         """Post a terminal report, shielded, within the job's budget; False when it was
         lost (logged loudly with the job id)."""
-        url = self.settings.platform.done_url(job_id, is_stream=is_stream)
+        url = self.client.done_url(job_id, is_stream=is_stream)
         started = trio.current_time()
         outcome = ReportOutcome()
         # Before the first attempt: should the process die from here on, the crash
@@ -275,7 +275,7 @@ class ProgressPosts:
             progress.scope.cancel()
 
     async def _run(self, job_id: str, progress: _Progress, body: bytes) -> None:
-        url = self.settings.platform.done_url(job_id, is_stream=False)
+        url = self._delivery.client.done_url(job_id, is_stream=False)
         update: bytes | None = body
         budget = self.timings.report_budget
 

@@ -8,12 +8,10 @@ progress) the other. Cancelling a long-poll can leak a pool slot under contentio
 Every call here is a single attempt: what is worth another, and when, is decided
 elsewhere, once (the reports' retries in :meth:`~trio_worker._delivery.Delivery.post`, the
 long-polls' pauses in the supervisor's one poll loop, both waits paced by
-:mod:`trio_worker._pacing`). A ``Retry-After`` is parsed once (:func:`~._wire.retry_after`)
-and handed on as asked, with no floor or cap of this module's.
-
-Everything a job's take and report need is here or in the pool: a take answer is decoded
-whole and its items classified (:func:`parse_take`); only an answer that does not decode,
-or is too large, or a stop answer, is read by :mod:`._wire`.
+:mod:`trio_worker._pacing`). A ``Retry-After`` is handed on as asked, with no floor or cap
+of this module's. What a job's take and report need is here or in the pool; answers off
+that path (a stop answer, a ``Retry-After``, an answer too large or not JSON) are read by
+:mod:`._wire`.
 """
 
 from __future__ import annotations
@@ -22,17 +20,19 @@ import functools
 import json
 import logging
 import platform
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import trio
 
-from .._config import LIMITS, MAX_TAKE_ANSWER_BYTES
+from .._config import LIMITS, MAX_TAKE_ANSWER_BYTES, with_query
 from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
+from . import _wire
 from ._connection import HttpResponse, PipeliningUnsupported
 from ._http import ServerKinds, make_backend
-from ._wire import Unreadable, id_strings, parse_stop, retry_after, split_items
 
 if TYPE_CHECKING:
     from .._config import PlatformConfig, Timings
@@ -52,6 +52,30 @@ REPORT_ANSWER_KEEP = 4096
 def is_retryable(status: int) -> bool:
     """408, 429 and every 5xx are worth another attempt (docs/design.md §5)."""
     return status >= 500 or status in (408, 429)
+
+
+def report_attempt_bound(timings: Timings, size: int) -> float:
+    """One attempt's timeout for a report (or a round of stream chunks) of *size* bytes of
+    body: a hung connection costs this much of the budget, and a large body on a slow link
+    still gets through."""
+    return timings.report_attempt_timeout + size / timings.report_min_rate
+
+
+def job_path_segment(job_id: str) -> str:
+    """*job_id* as one URL path segment: every byte but ``A-Z a-z 0-9 - . _ ~`` percent-encoded.
+
+    So ``a?x=1``, ``a#b`` or ``a&isStream=true`` cannot end the path early and land on job
+    ``a``, ``w/x`` stays one segment, and ``a b`` or ``café`` become ASCII that any HTTP head
+    can carry (docs/protocol.md §2.3). The ids the platform issues use only unescaped
+    characters, so their URLs are byte for byte the reference's. Never raises: a lone
+    surrogate (which a take never admits, docs/protocol.md §2.1) is encoded as its bytes.
+    """
+    if _UNRESERVED.fullmatch(job_id):
+        return job_id  # every id the platform issues: nothing to encode (and no quote())
+    return quote(job_id, safe="", errors="surrogatepass")
+
+
+_UNRESERVED = re.compile(r"[A-Za-z0-9._~-]+")
 
 
 class PlatformClient:
@@ -94,6 +118,15 @@ class PlatformClient:
         # Stream chunks are pipelined until the platform shows it cannot take that
         # (docs/protocol.md §2.4).
         self._pipelining = True
+        # Each route's URL built once from the config's templates: a take fills in only
+        # its count, a report only its job's id (docs/protocol.md §2.1, §2.3).
+        take, batch = config.take_url, config.batch_take_url
+        self._take = (
+            {} if take is None else {f: with_query(take, f"job_in_progress={f}") for f in "01"}
+        )
+        self._batch_take = None if batch is None else with_query(batch, "batch_size=")
+        self._done = with_query(config.done_template, "isStream=").split("$ID")
+        self._stream = with_query(config.stream_template, "isStream=false").split("$ID")
 
     def __repr__(self) -> str:
         pipelining = "pipelining" if self._pipelining else "one request at a time"
@@ -110,8 +143,12 @@ class PlatformClient:
     # -- take -----------------------------------------------------------------------------
 
     def take_url(self, count: int, *, in_progress: bool) -> str:
-        # URLs are built in one place, PlatformConfig.
-        return self.config.take_request_url(count, in_progress=in_progress)
+        """The URL of one take for up to *count* jobs (docs/protocol.md §2.1)."""
+        flag = "1" if in_progress else "0"
+        if count == 1:
+            return self._take[flag]
+        assert self._batch_take is not None
+        return f"{self._batch_take}{count}&job_in_progress={flag}"
 
     async def take(self, count: int, *, in_progress: bool) -> TakeResponse:
         """One take long-poll for up to *count* jobs.
@@ -138,7 +175,7 @@ class PlatformClient:
         if status in (204, 400):
             return TakeResponse()
         if status == 429:
-            raise RateLimited(route, retry_after(response))
+            raise RateLimited(route, _wire.retry_after(response))
         if not 200 <= status < 300:
             raise PlatformError(route, status)
         return parse_take(status, response.headers.get("content-type", ""), response.body)
@@ -157,15 +194,23 @@ class PlatformClient:
         if status == 204:
             return []
         if status == 429:
-            raise RateLimited("stop", retry_after(response))
+            raise RateLimited("stop", _wire.retry_after(response))
         if not 200 <= status < 300:
             raise PlatformError("stop", status)
-        ids, warning = parse_stop(response.headers.get("content-type", ""), response.body)
+        ids, warning = _wire.parse_stop(response.headers.get("content-type", ""), response.body)
         if warning:
             log.warning("job-stop answer partly unusable: %s", warning)
         return ids
 
     # -- reports --------------------------------------------------------------------------
+
+    def done_url(self, job_id: str, *, is_stream: bool) -> str:
+        """The job-done URL of *job_id*, the id one path segment (:func:`job_path_segment`)."""
+        return job_path_segment(job_id).join(self._done) + ("true" if is_stream else "false")
+
+    def stream_url(self, job_id: str) -> str:
+        """The job-stream URL of *job_id*, the id one path segment."""
+        return job_path_segment(job_id).join(self._stream)
 
     async def post(
         self, requests: list[tuple[str, bytes]], outcome: ReportOutcome | None = None
@@ -191,7 +236,7 @@ class PlatformClient:
         several = len(requests) > 1
         if several and not self._pipelining:
             return []
-        bound = self.timings.report_attempt_bound(sum(len(body) for _, body in requests))
+        bound = report_attempt_bound(self.timings, sum(len(body) for _, body in requests))
         answers: list[HttpResponse] = []
         error: str | None = None
         with trio.move_on_after(bound) as scope:
@@ -204,7 +249,7 @@ class PlatformClient:
             except AnswerTooLarge as exc:
                 # The answer's status is known; the exchange ends with it (the rest of its
                 # body was not read, so the connection is gone).
-                answers.append(answer_too_large(exc))
+                answers.append(_wire.answer_too_large(exc))
             except TransportError as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if several:
@@ -234,7 +279,7 @@ class PlatformClient:
                     outcome.delivered, outcome.last_error = True, None
                 else:
                     outcome.last_error = f"HTTP {status}"
-                    outcome.retry_after = asked_pause(answers[0])
+                    outcome.retry_after = _wire.asked_pause(answers[0])
         return answers
 
     @property
@@ -254,25 +299,10 @@ class ReportOutcome:
     retry_after: float | None = field(default=None, repr=False)
 
 
-def answer_too_large(exc: AnswerTooLarge) -> HttpResponse:
-    """A report's answer whose body was over the bound, as what matters of it: its status,
-    known from its head (a 413 is refused for good, a 2xx acknowledges the report) and
-    its first bytes. Never its headers: a ``Retry-After`` on it is not waited for."""
-    return HttpResponse(exc.status, {}, exc.head)
-
-
-def asked_pause(response: HttpResponse) -> float | None:
-    """The ``Retry-After`` of a report's (or a stream chunk's) 429 or 503, as parsed: the
-    answers that ask a report to wait (docs/protocol.md §2.3). None for any other answer."""
-    return retry_after(response) if response.status in (429, 503) else None
-
-
 # -- the take's answer (docs/protocol.md §2.1) ----------------------------------------------
-#
 # Where the reference drops a job silently (a single job missing ``input``; a batch item
-# that crashes dispatch), these rules keep it: an item with a usable ``id`` but a bad shape
-# is returned as *malformed*, so the worker can report a clear error on that job instead of
-# losing it (docs/protocol.md §8 item 5).
+# that crashes dispatch), an item with a usable ``id`` but a bad shape is *malformed*: its
+# job gets a clear error report instead of being lost (docs/protocol.md §8 item 5).
 
 MAX_JOB_ID_LENGTH = LIMITS.job_id
 
@@ -368,11 +398,11 @@ def _parse_items(body: bytes) -> TakeResponse:
     found: each decoded one classified as any; one that does not decode is malformed when it
     names a usable id (else it is lost, and said so); when the structure broke, every id
     read, before the break and after it, is failed."""
-    found = split_items(body)
+    found = _wire.split_items(body)
     out = TakeResponse()
     lost: list[str] = []
     for item in found.items:
-        if isinstance(item, Unreadable):
+        if isinstance(item, _wire.Unreadable):
             ids = _usable(item.ids)
             if ids:
                 out.malformed.append((ids[0], f"the job cannot be decoded: {item.why}"))
@@ -398,7 +428,7 @@ def parse_oversized_take(size: int, limit: int, head: bytes) -> TakeResponse:
     """A 2xx take answer of *size* bytes refused for being over *limit*, of which *head*
     (its first bytes) was read: the jobs named there are failed as too large, and the
     loss of any other is logged (ERROR) with what is known."""
-    ids = _usable(id_strings(head.decode("utf-8", errors="replace")))
+    ids = _usable(_wire.id_strings(head.decode("utf-8", errors="replace")))
     reason = f"input too large: its take answer has {size} bytes, over the {limit}-byte bound"
     if ids:
         log.error(

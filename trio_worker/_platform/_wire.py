@@ -1,6 +1,6 @@
 """Reading the platform's answers where a job's path does not go (docs/protocol.md §2.1,
-§2.2, §2.5): the stop answer, a ``Retry-After``, and a take answer ``json.loads`` refused or
-that was too large to read whole.
+§2.2, §2.3, §2.5): the stop answer, the pause a 429 or 503 asks for, a report's answer too
+large to read, and a take answer ``json.loads`` refused or that was too large to read whole.
 
 No I/O. A take answer is parsed by the client (:func:`~._client.parse_take`), which decodes
 it whole; only when it does not decode are its items split here, each decoded on its own
@@ -20,8 +20,10 @@ import re
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from ._connection import HttpResponse
+
 if TYPE_CHECKING:
-    from ._connection import HttpResponse
+    from .._exceptions import AnswerTooLarge
 
 
 class Unreadable(NamedTuple):
@@ -183,6 +185,19 @@ def parse_stop(content_type: str, body: bytes) -> tuple[list[str], str | None]:
     ids = [item for item in items if isinstance(item, str)]
     warning = None if len(ids) == len(items) else "non-string entries in 'jobsToStop' dropped"
     return ids, warning
+
+
+def answer_too_large(exc: AnswerTooLarge) -> HttpResponse:
+    """A report's answer whose body was over the bound, as what matters of it: its status,
+    known from its head (a 413 is refused for good, a 2xx acknowledges the report) and
+    its first bytes. Never its headers: a ``Retry-After`` on it is not waited for."""
+    return HttpResponse(exc.status, {}, exc.head)
+
+
+def asked_pause(response: HttpResponse) -> float | None:
+    """The ``Retry-After`` of a report's (or a stream chunk's) 429 or 503, as parsed: the
+    answers that ask a report to wait (docs/protocol.md §2.3). None for any other answer."""
+    return retry_after(response) if response.status in (429, 503) else None
 
 
 def retry_after(response: HttpResponse) -> float | None:
