@@ -2,7 +2,7 @@
 
 Each diagram sits between ``<!-- generated: NAME (scripts/state_diagrams.py) -->`` and
 ``<!-- end generated -->``; this script rewrites what is between them. ``--check`` only
-reports (exit 1) when the docs differ; tests/test_lifecycle.py runs the same comparison.
+reports (exit 1) when the docs differ; tests/test_state_lifecycle.py runs the same comparison.
 
     python scripts/state_diagrams.py [--check]
 """
