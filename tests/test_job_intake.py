@@ -1,5 +1,6 @@
-"""What the take loop keeps between takes: remembered stops and the capacity it asks for
-(``Capacity`` and ``StopMemory`` in trio_worker/_job.py)."""
+"""What the take loop keeps between takes: remembered stops (bounded however many unknown ids
+a stop answer names, docs/security.md) and the capacity it asks for (``Capacity`` and
+``StopMemory`` in trio_worker/_job.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,30 @@ def test_stop_memory_forgets_old_ids_only_past_its_size() -> None:
     assert not memory.consume("b")
     assert memory.consume("c")
     assert memory.consume("d")
+
+
+def test_stop_memory_holds_at_most_its_size_under_a_flood_of_unknown_ids() -> None:
+    # Before: a flood of recent stops was kept whole (no bound while all were recent), and
+    # the dict was rebuilt on every stop past the size: 20,000 ids stalled the loop 12 s.
+    memory = StopMemory(seconds=120.0, size=1_024)
+    for n in range(20_000):
+        memory.remember(f"unknown-{n}", now=0.0)
+    assert len(memory) == 1_024
+    assert memory.forgotten_early == 20_000 - 1_024
+    # The newest are kept: the take that carries a real job follows its stop closely.
+    assert memory.consume("unknown-19999")
+    assert not memory.consume("unknown-0")
+
+
+def test_a_repeated_stop_is_remembered_from_its_last_time() -> None:
+    memory = StopMemory(seconds=10.0, size=2)
+    memory.remember("a", now=0.0)
+    memory.remember("b", now=1.0)
+    memory.remember("a", now=9.0)  # "a" is now the newest
+    memory.remember("c", now=10.5)  # over the size: "b" goes, not "a"
+    assert memory.consume("a")
+    assert memory.consume("c")
+    assert not memory.consume("b")
 
 
 def test_capacity_fixed() -> None:
