@@ -166,7 +166,7 @@ async def test_progress_updates_from_the_threads_of_many_jobs_are_none_of_them_l
 ) -> None:
     # A thread's update races the handler's end, which follows the thread's return at
     # once: one job shows a lost update only now and then, a hundred nearly always.
-    # Real time, as in test_slots: autojump cannot see the hundred threads, and while they
+    # Real time, as in test_job_slots: autojump cannot see the hundred threads, and while they
     # run it would spend the hang guard's virtual hour on pings.
     async def handler(job: dict[str, Any]) -> Any:
         update = functools.partial(trio_worker.progress_update, job, job["input"]["n"])

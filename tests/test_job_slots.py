@@ -2,8 +2,8 @@
 
 A platform may answer a take with more jobs than asked for. Every one of them is held
 (pinged, owed a report, never lost), but no more than ``concurrency`` handlers run at once:
-the rest wait for a slot (``WAITING_FOR_SLOT``), and a stop or a shutdown reaches them
-there as it reaches a job at the gate.
+the rest wait for a slot (``WAITING_FOR_SLOT``; ``Slots`` in trio_worker/_job.py), and a
+stop or a shutdown reaches them there as it reaches a job at the gate.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import trio_worker
 import trio_worker.testing
 from trio_worker._job import Slots
 from trio_worker._state import JobEvent, JobState
-from trio_worker.testing import FakePlatform
-from trio_worker.testing._memory import memory_network
+from trio_worker.testing import FakePlatform, memory_network
 
 from .backends import BOTH_BACKENDS, sleep_for
 from .conftest import serve_in_process
