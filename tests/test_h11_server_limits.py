@@ -1,8 +1,8 @@
-"""The fake platform's server: its deadlines and connection cap (``ServerLimits``), so no peer
-holds it by dripping. (The local endpoint runs on hypercorn: its bounds are tested in
-``tests/test_local_endpoint_hypercorn.py``.)
+"""The fake platform's server (trio_worker/testing/_h11_server.py): its deadlines and connection
+cap (``ServerLimits``), so no peer holds it by dripping. (The local endpoint runs on
+hypercorn: its bounds are tested in ``tests/test_local_endpoint_hypercorn.py``.)
 
-The endpoint app served over in-memory streams in virtual time, so a deadline
+The fake platform served over in-memory streams in virtual time, so a deadline
 is checked to the second and a peer that drips a byte a second costs no wall time. The
 connection cap is checked over real loopback, where every connection shares one server.
 """
@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_worker._endpoint import EndpointApp
+from trio_worker.testing import FakePlatform
 from trio_worker.testing._h11_server import (
     BODY_TIMEOUT,
     HEADER_TIMEOUT,
@@ -37,8 +37,8 @@ pytestmark = pytest.mark.timeout(30)
 RUN_HEAD = b"POST /run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
 
 
-def endpoint() -> EndpointApp:
-    return EndpointApp(
+def endpoint() -> FakePlatform:
+    return FakePlatform(
         take_hold=5.0, stop_hold=5.0, requeue_after=None, endpoint_id="ep", record_requests=False
     )
 
@@ -72,7 +72,7 @@ def refusal(answer: bytes) -> tuple[int, str]:
 
 async def serve_one(
     nursery: trio.Nursery, limits: ServerLimits | None = None
-) -> tuple[trio.abc.Stream, EndpointApp]:
+) -> tuple[trio.abc.Stream, FakePlatform]:
     app = endpoint()
     client, server = trio.testing.memory_stream_pair()
     nursery.start_soon(partial(serve_stream, app, server, limits=limits))
