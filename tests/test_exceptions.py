@@ -1,9 +1,14 @@
-"""``_exceptions.exception_leaves``: the package's one reading of an ExceptionGroup."""
+"""``_exceptions``: the one module that defines the public exceptions, and
+``exception_leaves``, the package's one reading of an ExceptionGroup."""
 
 from __future__ import annotations
 
+import inspect
+
 import trio
 
+import trio_worker
+from trio_worker import _exceptions
 from trio_worker._exceptions import exception_leaves
 
 
@@ -36,3 +41,10 @@ def test_ignored_types_are_left_out_at_every_depth() -> None:
     only_cancelled = BaseExceptionGroup("g", [cancelled, BaseExceptionGroup("h", [cancelled])])
     assert exception_leaves(only_cancelled, ignore=trio.Cancelled) == []
     assert exception_leaves(group, ignore=(trio.Cancelled, RuntimeError)) == []
+
+
+def test_every_public_exception_is_defined_in_one_module() -> None:
+    for name in trio_worker.__all__:
+        obj = getattr(trio_worker, name)
+        if inspect.isclass(obj) and issubclass(obj, BaseException):
+            assert getattr(_exceptions, name) is obj, name

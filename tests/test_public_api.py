@@ -141,25 +141,6 @@ def test_serve_carries_no_test_seams_and_testing_serve_has_them() -> None:
         assert testing[name].default == public[name].default, name
 
 
-def test_error_types_in_payloads_are_importable() -> None:
-    # Payloads name them "trio_worker.MalformedJob", "trio_worker.AsyncioUnderTrio", ...
-    from trio_worker import AsyncioUnderTrio, MalformedJob, TrioUnderAsyncio
-    from trio_worker._tracebacks import error_type_name
-
-    assert error_type_name(MalformedJob("x")) == "trio_worker.MalformedJob"
-    assert error_type_name(AsyncioUnderTrio("x")) == "trio_worker.AsyncioUnderTrio"
-    assert error_type_name(TrioUnderAsyncio("x")) == "trio_worker.TrioUnderAsyncio"
-
-
-def test_every_public_exception_is_defined_in_one_module() -> None:
-    from trio_worker import _exceptions
-
-    for name in trio_worker.__all__:
-        obj = getattr(trio_worker, name)
-        if inspect.isclass(obj) and issubclass(obj, BaseException):
-            assert getattr(_exceptions, name) is obj, name
-
-
 def test_internal_plumbing_is_not_exported() -> None:
     assert "serve_asgi" not in trio_worker.testing.__all__
     assert not {"Supervisor", "JobRunner", "Settings", "WorkerOptions"} & set(trio_worker.__all__)

@@ -107,6 +107,15 @@ def test_error_type_name() -> None:
     assert error_type_name(httpx.ConnectError("x")) == "httpx.ConnectError"
 
 
+def test_error_types_in_payloads_are_importable() -> None:
+    # Payloads name them "trio_worker.MalformedJob", "trio_worker.AsyncioUnderTrio", ...
+    from trio_worker import AsyncioUnderTrio, MalformedJob, TrioUnderAsyncio
+
+    assert error_type_name(MalformedJob("x")) == "trio_worker.MalformedJob"
+    assert error_type_name(AsyncioUnderTrio("x")) == "trio_worker.AsyncioUnderTrio"
+    assert error_type_name(TrioUnderAsyncio("x")) == "trio_worker.TrioUnderAsyncio"
+
+
 def test_format_traceback_includes_the_chain() -> None:
     try:
         try:
