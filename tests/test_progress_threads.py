@@ -4,7 +4,8 @@ A handler reports progress from a ``threading.Thread`` it starts, a
 ``ThreadPoolExecutor``, or a library's callback thread (a trainer's, a diffusers
 pipeline's step callback). None of these carries the job's context, so the worker finds the
 job by its id. The rules hold whatever the thread: never after the job's final result, one
-post at a time per job with the newest waiting, and a bounded hand-over to the loop.
+post at a time per job with the newest waiting, and a bounded hand-over to the loop (its
+own test is in tests/test_progress_calls.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import trio.testing
 import trio_worker
 import trio_worker.testing
 from tests.conftest import serve_in_process
-from trio_worker._progress_calls import ProgressTarget
 from trio_worker.testing import FakePlatform, JobRecord
 
 from .backends import BOTH_BACKENDS
@@ -189,35 +189,3 @@ async def test_an_update_after_the_result_was_sent_is_ignored_with_a_clear_line(
     assert record.late_progress == []
     assert platform.statistics().requests_by_route.get("done") == 1  # the result alone
     nursery.cancel_scope.cancel()
-
-
-def test_a_thread_firing_updates_keeps_one_hand_over_per_job_on_its_way() -> None:
-    # A step callback may fire thousands of times a second: the loop is woken once per
-    # job until it takes the newest update, never once per call.
-    handed: list[tuple[Callable[..., object], tuple[object, ...]]] = []
-    posted: list[tuple[str, bytes]] = []
-
-    async def token_of_a_run() -> trio.lowlevel.TrioToken:
-        return trio.lowlevel.current_trio_token()
-
-    target = ProgressTarget(
-        lambda job_id, body: posted.append((job_id, body)),
-        trio.run(token_of_a_run),
-        lambda fn, *args: handed.append((fn, args)),
-    )
-
-    def fire() -> None:
-        for step in range(1000):
-            target.send("a", b"%d" % step)
-            target.send("b", b"%d" % step)
-
-    thread = threading.Thread(target=fire)
-    thread.start()
-    thread.join()
-    assert len(handed) == 2  # one per job, not one per call
-    for fn, args in handed:
-        fn(*args)
-    assert posted == [("a", b"999"), ("b", b"999")]
-    # Once taken, the next update queues a hand-over of its own again.
-    target.send("a", b"1000")
-    assert len(handed) == 3
