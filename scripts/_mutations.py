@@ -263,7 +263,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         required=False,
         # The window (between the reader's cancellation and the pump's) is one step of the
         # asyncio loop, which the suite's stops do not aim at; the hand-off's own test does.
-        suite="tests/test_stream_pipelining.py::"
+        suite="tests/test_backends_asyncio_chunks.py::"
         "test_a_chunk_yielded_after_its_reader_was_cancelled_is_not_handed_off",
     ),
     Mutation(
