@@ -5,6 +5,9 @@ One rule for both forms of ``start()``: async user code runs on asyncio unless t
 names ``async_backend``; all-sync user code runs on trio. Code of the wrong family fails
 with one line naming ``async_backend``, asyncio's ``Queue``, ``Lock`` and ``Event``
 included.
+
+Here through real workers; the rule as ``_options.worker_options`` applies it is in
+tests/test_options_backend_choice.py, ``Backend.explain`` in tests/test_backends_explain.py.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import trio
@@ -25,95 +28,14 @@ import trio.lowlevel
 
 import trio_worker
 import trio_worker.testing
-from trio_worker._backends import BACKENDS
-from trio_worker._options import AsyncBackend, worker_options
 from trio_worker.testing import FakePlatform, memory_network
 
 from .backends import ASYNCIO_ONLY
 from .script_worker import run_script_job
 
 REPO = Path(__file__).resolve().parents[1]
+AsyncBackend = Literal["trio", "asyncio"]  # serve()'s async_backend
 WAIT = 30.0  # a safety bound on each wait; never reached when the code is right
-
-
-def sync_handler(job: dict[str, Any]) -> object:
-    return job["input"]
-
-
-async def async_handler(job: dict[str, Any]) -> object:
-    return job["input"]
-
-
-async def async_gen_handler(job: dict[str, Any]) -> AsyncIterator[object]:
-    yield job["input"]
-
-
-class AsyncModel:
-    """A class-based handler holding its model in ``self``, called with ``async def``."""
-
-    async def __call__(self, job: dict[str, Any]) -> object:
-        return job["input"]
-
-
-class AsyncStreamingModel:
-    async def __call__(self, job: dict[str, Any]) -> AsyncIterator[object]:
-        yield job["input"]
-
-
-class SyncModel:
-    def __call__(self, job: dict[str, Any]) -> object:
-        return job["input"]
-
-
-def sync_init() -> None:
-    pass
-
-
-async def async_init() -> None:
-    pass
-
-
-# --- the rule -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("handler", "options", "backend"),
-    [
-        (sync_handler, {}, "trio"),
-        (sync_handler, {"initializer": sync_init}, "trio"),
-        (sync_handler, {"concurrency": lambda n: 2}, "trio"),
-        (async_handler, {}, "asyncio"),
-        (async_gen_handler, {}, "asyncio"),
-        (functools.partial(async_handler), {}, "asyncio"),
-        (AsyncModel(), {}, "asyncio"),
-        (functools.partial(AsyncModel()), {}, "asyncio"),
-        (AsyncStreamingModel(), {}, "asyncio"),
-        (SyncModel(), {}, "trio"),
-        (async_handler, {"initializer": sync_init, "init_timeout": 5}, "asyncio"),
-        (sync_handler, {"initializer": async_init}, "asyncio"),
-        (sync_handler, {"initializer": functools.partial(async_init)}, "asyncio"),
-        (async_handler, {"async_backend": "trio"}, "trio"),
-        (sync_handler, {"async_backend": "asyncio"}, "asyncio"),
-    ],
-)
-def test_the_default_backend_follows_the_users_code_in_both_forms(
-    handler: Any, options: dict[str, Any], backend: str
-) -> None:
-    keyword = worker_options(handler, **options)
-    named = options.pop("async_backend", None)
-    config = {"handler": handler, **options}
-    one_dict = worker_options(config, async_backend=named)
-    assert keyword.async_backend == one_dict.async_backend == backend
-    assert keyword.backend is BACKENDS[backend]
-
-
-def test_an_async_concurrency_callable_counts_as_async_code() -> None:
-    async def modifier(current: int) -> int:
-        return current
-
-    assert worker_options(sync_handler, concurrency=modifier).async_backend == "asyncio"  # type: ignore[arg-type]
-    config = {"handler": sync_handler, "concurrency_modifier": modifier}
-    assert worker_options(config).async_backend == "asyncio"
 
 
 # --- the migration guide's second step, through a real worker process -------------------
@@ -268,47 +190,3 @@ async def test_trio_code_on_asyncio_fails_with_one_line_naming_the_option(
     assert error_type == (None if handler is trio_stream else "trio_worker.TrioUnderAsyncio")
     assert 'async_backend="trio"' in message
     assert "\n" not in message
-
-
-# --- explain(), one backend at a time --------------------------------------------------
-
-
-async def test_a_missing_event_loop_on_trio_is_explained_with_the_cause_chained() -> None:
-    with pytest.raises(RuntimeError) as info:
-        asyncio.get_running_loop()
-    original = info.value
-    hinted = BACKENDS["trio"].explain(original)
-    assert isinstance(hinted, trio_worker.AsyncioUnderTrio)
-    assert isinstance(hinted, RuntimeError)
-    assert 'async_backend="asyncio"' in str(hinted)
-    assert str(original) in str(hinted)
-    assert hinted.__cause__ is original
-    assert hinted.__traceback__ is original.__traceback__
-    # On asyncio the same error is the user's own.
-    assert BACKENDS["asyncio"].explain(original) is original
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        RuntimeError("There is no current event loop in thread 'x'."),
-        ValueError("No running event loop"),
-    ],
-)
-def test_other_event_loop_messages_are_explained_on_trio(exc: BaseException) -> None:
-    assert isinstance(BACKENDS["trio"].explain(exc), trio_worker.AsyncioUnderTrio)
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        RuntimeError("CUDA error"),
-        ValueError("event loop"),
-        KeyError("loop"),
-        AttributeError("'NoneType' object has no attribute 'create_future'"),  # not asyncio's
-        trio.TooSlowError(),
-    ],
-)
-@pytest.mark.parametrize("backend", ["trio", "asyncio"])
-def test_unrelated_errors_are_returned_unchanged(backend: str, exc: BaseException) -> None:
-    assert BACKENDS[backend].explain(exc) is exc
