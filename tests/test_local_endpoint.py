@@ -21,7 +21,6 @@ from trio_worker._endpoint._rules import (
     RUN_BODY_LIMIT,
     RUN_RESULT_TTL,
     RUNSYNC_RESULT_TTL,
-    Retention,
 )
 from trio_worker.testing import FakePlatform, run_platform_server
 from trio_worker.testing._http_server import serve_asgi
@@ -258,15 +257,6 @@ async def test_only_the_newest_finished_jobs_are_kept(autojump_clock: MockClock)
     assert codes == [404, 200, 200, 200]
     assert first_kept.status_code == 404  # the cancel finished a fifth job
     assert len(platform.jobs) == 3
-
-
-def test_retention_prunes_entries_the_count_rule_dropped() -> None:
-    retention = Retention(max_count=2)
-    for n in range(1000):
-        assert retention.add(f"j{n}", 100.0 + n) == ([f"j{n - 2}"] if n >= 2 else [])
-        assert retention.due(0.0) == []
-    assert len(retention._expiries) <= 2 * 2 + 64
-    assert retention.due(5000.0) == ["j998", "j999"]
 
 
 # -- webhooks ------------------------------------------------------------------------------
