@@ -23,8 +23,10 @@ VLLM_STYLE = REPO / "examples" / "vllm_style_worker.py"
 def run(
     script: Path, *args: str, cwd: Path | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
-    clean["PYTHONPATH"] = str(REPO)
+    # The installed package, as a user runs it: no PYTHONPATH.
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_", "PYTHONPATH"))
+    }
     clean.update(env)
     return subprocess.run(
         [sys.executable, str(script), *args],
@@ -181,10 +183,13 @@ def test_reference_one_dict_form(tmp_path: Path) -> None:
 
 
 def test_local_endpoint_serves_the_endpoint_api_with_a_real_worker(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
-    env["PYTHONPATH"] = str(REPO)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_", "PYTHONPATH"))
+    }
+    # The command the install puts beside this interpreter, as a user types it.
+    trio_worker_command = str(Path(sys.executable).with_name("trio-worker"))
     process = subprocess.Popen(
-        [sys.executable, "-m", "trio_worker._cli", "dev", str(ECHO), "--port", "0"],
+        [trio_worker_command, "dev", str(ECHO), "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
