@@ -37,8 +37,8 @@ def test_stop_memory_forgets_old_ids_only_past_its_size() -> None:
 
 
 def test_stop_memory_holds_at_most_its_size_under_a_flood_of_unknown_ids() -> None:
-    # Before: a flood of recent stops was kept whole (no bound while all were recent), and
-    # the dict was rebuilt on every stop past the size: 20,000 ids stalled the loop 12 s.
+    # A flood of recent stops for ids never taken must not be kept whole while all are
+    # recent, nor cost a rebuild of the memory on every stop past its size.
     memory = StopMemory(seconds=120.0, size=1_024)
     for n in range(20_000):
         memory.remember(f"unknown-{n}", now=0.0)
