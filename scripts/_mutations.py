@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = "tests/test_properties.py"
 # Where the property suite cannot make a shield's work observable, the tests that do run
 # first (pytest paths, space-separated), by "<file>" or "<file>:<function>". None now: the
-# suite draws the asyncio backend (its shields in _backends/_asyncio.py and _handlers.py are
+# suite draws the asyncio backend (its shields in _backends/_asyncio.py and _handler_calls.py are
 # caught by properties, docs/property-suite.md), and test_stopped_code_keeps_its_slot stops
 # running streams often enough to see a generator's close lose its shield.
 STREAM_CLEANUP = (
@@ -31,7 +31,7 @@ SUITES_BY_FILE: dict[str, str] = {
     "_fitness/_gpu.py": "tests/test_fitness_gpu_reap.py",
     # A stopped stream's cleanup, shielded: the unit tests that stop a stream at a yield
     # see it on both backends at once; the property suite reaches it only by chance.
-    "_handlers.py:_chunks": f"{STREAM_CLEANUP} {SUITE}",
+    "_handler_calls.py:_chunks": f"{STREAM_CLEANUP} {SUITE}",
     # What a user's check left running is ended even when the checks are cancelled.
     "_fitness/_registry.py": (
         "tests/test_fitness_hostile.py::test_a_check_cancelled_from_outside_still_has_its_processes_ended"
@@ -283,10 +283,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     # suite draws sync handlers, sync generators and generators left at a yield.
     Mutation(
         "thread-wait-unshielded",
-        "_handlers.py run_in_thread: a cancelled job stops waiting for its thread at once",
+        "_handler_calls.py run_in_thread: a cancelled job stops waiting for its thread at once",
         (
             Patch(
-                "trio_worker/_handlers.py",
+                "trio_worker/_handler_calls.py",
                 "        if call.ended is not None:\n            await waits.hold(call.ended)\n",
                 "",
             ),
@@ -295,10 +295,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "async-close-unshielded",
-        "_handlers.py Stream: an async generator's aclose() runs unshielded when cancelled",
+        "_handler_calls.py Stream: an async generator's aclose() runs unshielded when cancelled",
         (
             Patch(
-                "trio_worker/_handlers.py",
+                "trio_worker/_handler_calls.py",
                 "with trio.CancelScope(shield=True):\n                        await aclose()",
                 "with trio.CancelScope():\n                        await aclose()",
             ),
@@ -308,10 +308,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "sync-close-unshielded",
-        "_handlers.py Stream: a sync generator's close() thread is not started when cancelled",
+        "_handler_calls.py Stream: a sync generator's close() thread is not started when cancelled",
         (
             Patch(
-                "trio_worker/_handlers.py",
+                "trio_worker/_handler_calls.py",
                 "with self._waits.shielded(self._close_bound):",
                 "with trio.move_on_after(self._close_bound):",
             ),

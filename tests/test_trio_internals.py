@@ -1,6 +1,6 @@
 """No private name of a dependency is used (docs/how-it-works.md, the asyncio backend).
 
-The kept threads (``_threads.py``) are the worker's own threads on trio's public API, with
+The kept threads (``_handler_calls.py``) are the worker's own threads on trio's public API, with
 their own record for ``check_cancelled()``; the asyncio backend's guest run ticks as trio
 wrote it. Read from the source with ``ast``, so a private name hidden in a function, under
 a guard or behind ``getattr`` of a literal is still seen.
@@ -19,7 +19,7 @@ import trio
 import trio_worker
 import trio_worker.testing
 from tests.conftest import serve_in_process
-from trio_worker import _threads
+from trio_worker import _handler_calls
 from trio_worker.testing import FakePlatform
 
 from .backends import BOTH_BACKENDS
@@ -173,11 +173,11 @@ async def test_a_stopped_sync_handler_sees_check_cancelled_and_frees_its_slot(
 
 async def test_an_abandoned_call_says_when_its_thread_ended() -> None:
     release = threading.Event()
-    call = _threads.ThreadCall(release.wait, (10,))
+    call = _handler_calls.ThreadCall(release.wait, (10,))
     with trio.move_on_after(0.001):
-        await _threads.run_sync(call)
+        await _handler_calls.run_sync(call)
     assert call.ended is not None and not call.ended.is_set()
-    assert _threads.calls_waited_for() == 0  # abandoned: nobody waits for it
+    assert _handler_calls.calls_waited_for() == 0  # abandoned: nobody waits for it
     release.set()
     with trio.fail_after(10):
         await call.ended.wait()
@@ -198,15 +198,15 @@ async def test_the_calls_waited_for_are_counted_until_they_return_or_are_abandon
     async with trio.open_nursery() as nursery:
 
         async def call() -> None:
-            results.append(await _threads.in_thread(work))
+            results.append(await _handler_calls.in_thread(work))
 
         nursery.start_soon(call)
         await trio.to_thread.run_sync(started.wait, 10)
-        assert _threads.calls_waited_for() == 1
+        assert _handler_calls.calls_waited_for() == 1
         if cancelled:
             nursery.cancel_scope.cancel()
         else:
             release.set()
-    assert _threads.calls_waited_for() == 0
+    assert _handler_calls.calls_waited_for() == 0
     assert results == ([] if cancelled else ["done"])
     release.set()

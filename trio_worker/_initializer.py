@@ -24,7 +24,7 @@ import trio
 from ._backends import makes_coroutine as is_async_initializer
 from ._categories import classify
 from ._exceptions import InitFailure, InitTimeout
-from ._threads import INITIALIZER_THREAD, in_thread
+from ._handler_calls import INITIALIZER_THREAD, in_thread
 from ._tracebacks import format_traceback, safe_str
 
 Initializer = Callable[[], Any]

@@ -23,7 +23,7 @@ from ._compat import DEBUGGER_MODULE, clear_reference_debugger
 from ._exceptions import MalformedJob, exception_leaves
 from ._exit import exit_status
 from ._fitting import clip
-from ._handlers import (
+from ._handler_calls import (
     Handler,
     HandlerKind,
     Stream,

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from ._capture import OutputCapture
-    from ._handlers import Handler
+    from ._handler_calls import Handler
     from ._options import WorkerOptions
 
 log = logging.getLogger("trio_worker")

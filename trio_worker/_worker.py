@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
     from ._exit import ExitGuard
-    from ._handlers import Handler
+    from ._handler_calls import Handler
     from ._platform._http import BackendWrapper, StreamOpener
     from ._state import TransitionHook
 

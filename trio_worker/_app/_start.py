@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from socket import socket
 
     from .._capture import OutputCapture
-    from .._handlers import Handler
+    from .._handler_calls import Handler
     from .._options import WorkerOptions
     from ._gate import ASGIApp
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._exceptions import TrioUnderAsyncio
-from .._threads import INITIALIZER_THREAD, in_thread
+from .._handler_calls import INITIALIZER_THREAD, in_thread
 from ._host import escaped_exits_to, host_loop, host_run
 from ._interface import TRIO_DIR, TRIO_HINTS, Backend, hinted, makes_coroutine
 
@@ -301,7 +301,7 @@ class AsyncioChunks:
     async def aclose(self) -> None:
         if not self._task.done():
             self._task.cancel()
-        # Bounded, not shielded: the one caller (Stream._chunks in _handlers.py) already
+        # Bounded, not shielded: the one caller (Stream._chunks in _handler_calls.py) already
         # closes streams under a shield, so that shield stays the one that matters.
         started = trio.current_time()
         with self._waits.bounded(self._close_bound):

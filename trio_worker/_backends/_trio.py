@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._exceptions import AsyncioUnderTrio
-from .._threads import ThreadCall, run_sync
+from .._handler_calls import ThreadCall, run_sync
 from .._tracebacks import ASYNCIO_DIR
 from ._interface import ASYNCIO_HINTS, Backend, hinted
 

@@ -26,9 +26,8 @@ import trio
 from .._backends import makes_coroutine
 from .._config import Timings
 from .._exceptions import AsyncioUnderTrio, ConfigurationError
-from .._handlers import is_cancellation
+from .._handler_calls import in_thread, is_cancellation
 from .._scopes import Scopes
-from .._threads import in_thread
 from .._tracebacks import safe_str
 from ._children import descendants, end_left_behind
 

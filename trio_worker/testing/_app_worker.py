@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .._app._gate import ASGIApp
     from .._app._loops import AppLoop
     from .._config import Timings
-    from .._handlers import Handler
+    from .._handler_calls import Handler
     from .._initializer import Initializer
     from .._options import AsyncBackend
 

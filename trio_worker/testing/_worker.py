@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from .._capture import OutputCapture
-    from .._handlers import Handler
+    from .._handler_calls import Handler
     from .._platform._http import BackendWrapper, StreamOpener
     from .._state import TransitionHook
     from ._http_server import ASGIApp

@@ -1,6 +1,12 @@
-"""Kept threads for sync user code: one hand-off each way per call (docs/how-it-works.md).
+"""Running the user's handler: sync, async, sync generator, async generator, and the kept
+threads sync code runs in (docs/design.md §2, docs/how-it-works.md).
 
-A sync handler (and each step of a sync generator) runs in a thread so the event loop
+Detection looks through ``functools.partial`` and callable objects, which the reference
+misses (docs/protocol.md §3.4); a plain function that *returns* a generator, a coroutine or an
+async generator is also handled by what it returns, so nothing is ever left unserializable
+because of how the handler was wrapped.
+
+Sync code runs in a kept thread so the event loop (stop signals, reports, the take loop)
 stays live. ``trio.to_thread.run_sync`` pays for generality on every call (a capacity
 limiter, its thread cache's hand-off, a message object); here a call costs one put into an
 idle thread's queue and at most one ``run_sync_soon`` back, which both reports the outcome
@@ -8,19 +14,20 @@ and says the thread has ended. Outcomes that finish while the loop has not yet c
 earlier ones ride the message already on its way (:class:`_Returns`). Threads are kept
 while they are used and leave after ``IDLE_SECONDS`` unused, as trio's own cache does.
 
-Every piece of sync user code the worker runs comes through here (:func:`run_sync`): a
-handler and each step of a sync generator (through ``_handlers.run_in_thread``, which also
-waits for an abandoned thread's end), a generator's ``close()``, a sync initializer, a sync
-fitness check (through :func:`in_thread`). One way in, so what holds inside one holds
-inside all of them.
+Every piece of sync user code the worker runs comes through :func:`run_sync`: a handler
+and each step of a sync generator (through :func:`run_in_thread`, which also waits for an
+abandoned thread's end), a generator's ``close()``, a sync initializer, a sync fitness
+check (through :func:`in_thread`). One way in, so what holds inside one holds inside all of
+them.
 
-Only trio's public API is used. The call is abandoned on cancel, as with
-``abandon_on_cancel=True``: the task is woken at once (``wait_task_rescheduled``'s abort),
-and can still wait for the thread's end (:attr:`ThreadCall.ended`). The code learns of it
-through :func:`check_cancelled`, which reads the call from a context variable set in the
-call's own copy of its task's context (so a thread the code starts in a copy of that
-context sees the same call) and raises with the ``raise_cancel`` trio handed to the
-abort. The threads are the worker's, not trio's: ``trio.from_thread`` in them needs
+Such a thread cannot be interrupted. Only trio's public API is used. The call is abandoned
+on cancel, as with ``abandon_on_cancel=True``: the task is woken at once
+(``wait_task_rescheduled``'s abort), and can still wait for the thread's end
+(:attr:`ThreadCall.ended`). The code learns of it through :func:`check_cancelled`, which
+reads the call from a context variable set in the call's own copy of its task's context
+(so a thread the code starts in a copy of that context sees the same call) and raises with
+the ``raise_cancel`` trio handed to the abort, so it can stop cooperatively when its job is
+stopped. The threads are the worker's, not trio's: ``trio.from_thread`` in them needs
 ``trio_token=``, as in any thread trio did not start (docs/reference.md,
 ``check_cancelled``).
 """
@@ -28,16 +35,163 @@ abort. The threads are the worker's, not trio's: ``trio.from_thread`` in them ne
 from __future__ import annotations
 
 import contextvars
+import enum
+import inspect
 import queue
 import threading
 from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import outcome
 import trio
 
+from ._backends import unwrap_callable as _unwrap
+from ._config import DEFAULT_SYNC_CLOSE_BOUND
+from ._exceptions import exception_leaves
+
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from ._backends import Backend
+    from ._scopes import Scopes
+
+Handler = Callable[[dict[str, Any]], Any]
+
+
+class HandlerKind(enum.Enum):
+    SYNC = "sync"
+    ASYNC = "async"
+    SYNC_GENERATOR = "sync generator"
+    ASYNC_GENERATOR = "async generator"
+
+    @property
+    def streams(self) -> bool:
+        return self in (HandlerKind.SYNC_GENERATOR, HandlerKind.ASYNC_GENERATOR)
+
+
+def handler_kind(fn: Callable[..., Any]) -> HandlerKind:
+    """Classify *fn*, looking through partials and callable objects."""
+    target = _unwrap(fn)
+    if inspect.isasyncgenfunction(target):
+        return HandlerKind.ASYNC_GENERATOR
+    if inspect.isgeneratorfunction(target):
+        return HandlerKind.SYNC_GENERATOR
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(fn):
+        return HandlerKind.ASYNC
+    return HandlerKind.SYNC
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """True for ``trio.Cancelled``, and for a group holding nothing but ``Cancelled``
+    (what a nursery inside a cancelled scope raises)."""
+    return not exception_leaves(exc, ignore=trio.Cancelled)
+
+
+async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: Scopes) -> Any:
+    """Run sync *fn* in a kept thread (:func:`run_sync`); when cancelled, wait for the
+    thread to end.
+
+    The call is abandoned on cancel so ``check_cancelled()`` inside it sees the stop at
+    once, but the caller does not move on until the thread has really returned, or the
+    grace has ended (*waits*: the deadline registry).
+    """
+    # Cancelled before the thread is asked (a stop that landed first): nothing to wait for.
+    await trio.lowlevel.checkpoint_if_cancelled()
+    call = ThreadCall(fn, args)
+    try:
+        return await run_sync(call)
+    except trio.Cancelled:
+        if call.ended is not None:
+            await waits.hold(call.ended)
+        raise
+
+
+class Stream:
+    """The chunks of a streaming handler, as one async iterator whatever its kind."""
+
+    def __init__(
+        self,
+        source: Generator[Any, Any, Any] | Iterator[Any] | AsyncIterator[Any],
+        waits: Scopes,
+        *,
+        backend: Backend,
+        close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
+    ) -> None:
+        self._source = source
+        self._waits = waits
+        self._backend = backend  # where an async source's chunks come from
+        self._close_bound = close_bound  # Timings.sync_close_bound
+
+    def __aiter__(self) -> AsyncGenerator[Any, None]:
+        return self._chunks()
+
+    def hand_off(self, offer: Callable[[Any], bool]) -> None:
+        """Let the chunks reach *offer* where they are yielded while the reader waits,
+        where the backend can (:meth:`Backend.hand_off`): a chunk *offer* takes (True) is
+        not read from this stream."""
+        if isinstance(self._source, AsyncIterator):
+            self._backend.hand_off(self._source, offer)
+
+    async def _chunks(self) -> AsyncGenerator[Any, None]:
+        source = self._source
+        if isinstance(source, AsyncIterator):
+            try:
+                async for chunk in source:
+                    yield chunk
+            finally:
+                aclose = getattr(source, "aclose", None)
+                if aclose is not None:
+                    with trio.CancelScope(shield=True):
+                        await aclose()
+            return
+        done = object()
+        try:
+            while True:
+                # Each step runs in a thread: a sync generator may block like any sync handler.
+                chunk = await run_in_thread(next, source, done, waits=self._waits)
+                if chunk is done:
+                    return
+                yield chunk
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                # Ended early (an error chunk, a stop): run the generator's own cleanup now,
+                # in a thread as its body ran, bounded so a stuck finally cannot hang us,
+                # and no later than the end of the shutdown grace.
+                with self._waits.shielded(self._close_bound):
+                    await in_thread(close)
+
+
+async def call_handler(
+    fn: Handler,
+    kind: HandlerKind,
+    job: dict[str, Any],
+    waits: Scopes,
+    *,
+    backend: Backend,
+    close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
+) -> Any | Stream:
+    """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks
+    (whose generator gets *close_bound* seconds for its cleanup when left early).
+
+    A coroutine or an async generator the handler makes runs on *backend*. Exceptions
+    raised by the handler propagate unchanged.
+    """
+    if kind is HandlerKind.SYNC:
+        result = await run_in_thread(fn, job, waits=waits)
+    else:
+        # Creating a generator runs none of its body, and an async handler runs on the
+        # loop, so no thread is needed here.
+        result = fn(job)
+    if inspect.isawaitable(result):
+        result = await backend.await_result(result, waits)
+    if isinstance(result, AsyncIterator):
+        result = backend.chunks(result, close_bound=close_bound, waits=waits)
+    if inspect.isgenerator(result) or isinstance(result, AsyncIterator):
+        return Stream(result, waits, backend=backend, close_bound=close_bound)
+    return result
+
+
+# --- kept threads ----------------------------------------------------------------------------
 
 IDLE_SECONDS = 10.0  # an unused kept thread leaves after this long
 DEFAULT_NAME = "trio_worker sync code"

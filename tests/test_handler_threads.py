@@ -1,4 +1,4 @@
-"""Kept threads for sync user code (trio_worker/_threads.py): reuse, abandonment, the
+"""Kept threads for sync user code (trio_worker/_handler_calls.py): reuse, abandonment, the
 loop's messages back, the context the code sees, and check_cancelled() (docs/reference.md)."""
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ import trio.testing
 
 from trio_worker import Timings as _Timings
 from trio_worker._backends import BACKENDS
-from trio_worker._handlers import HandlerKind, Stream, call_handler, run_in_thread
+from trio_worker._handler_calls import (
+    HandlerKind,
+    Stream,
+    call_handler,
+    check_cancelled,
+    run_in_thread,
+)
 from trio_worker._scopes import Scopes
-from trio_worker._threads import check_cancelled
 
 TRIO = BACKENDS["trio"]
 
@@ -105,7 +110,7 @@ async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() ->
     assert returned.is_set()
 
 
-# --- kept threads (trio_worker/_threads.py) ---------------------------------------------------
+# --- kept threads (trio_worker/_handler_calls.py) --------------------------------------------
 
 
 async def test_sequential_sync_calls_reuse_one_kept_thread() -> None:
@@ -263,7 +268,7 @@ async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on(
 async def test_outcomes_finished_before_the_loop_collects_them_share_one_message() -> None:
     """Each message back is a write to trio's wake-up socket: threads that finish while one
     is on its way add their outcome to it instead of posting their own."""
-    from trio_worker import _threads
+    from trio_worker import _handler_calls
 
     release = threading.Event()
     started = [threading.Event() for _ in range(3)]
@@ -284,7 +289,7 @@ async def test_outcomes_finished_before_the_loop_collects_them_share_one_message
             await trio.to_thread.run_sync(event.wait, TIMEOUT)
         # The loop's thread blocks here until all three outcomes are on their way back.
         release.set()
-        returns = _threads._RETURNS.get()
+        returns = _handler_calls._RETURNS.get()
         deadline = time.monotonic() + TIMEOUT
         while len(returns._outcomes) < 3 and time.monotonic() < deadline:
             time.sleep(0.0001)
