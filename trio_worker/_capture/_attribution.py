@@ -1,106 +1,32 @@
-"""Per-job attribution of Python-level output, job logs, edge-safe redaction (docs/design.md §8).
+"""Python-level writes attributed to the job that made them, and a failed job's ``logs``
+(docs/design.md §8).
 
-The fd-level capture in ``_capture`` cannot tell jobs apart: every task writes to the
-same fds 1 and 2. Python-level writes can be attributed, because they happen in the
-job's own trio task, or in a thread that task started with ``trio.to_thread``, which runs
-in a copy of the task's context. So ``install_python_stream_attribution`` wraps
-``sys.stdout`` and ``sys.stderr`` once, with a wrapper that passes every write through
-untouched and, when ``job_output`` has put a `JobOutput` in the current context, also
-appends a copy of the text to it.
+The fd-level capture (``_fd``) cannot tell jobs apart: every task writes to the same fds 1
+and 2. Python-level writes can be attributed, because they happen in the job's own trio
+task, or in a thread that task started with ``trio.to_thread``, which runs in a copy of the
+task's context. So ``install_python_stream_attribution`` wraps ``sys.stdout`` and
+``sys.stderr`` once, with a wrapper that passes every write through untouched and, when
+``job_output`` (``_fd``, beside the mark every job takes at its start) has put a
+`JobOutput` in the current context, also appends a copy of the text to it.
 
-``logs_for_job`` puts a failed job's ``logs`` together from this and the fd-level capture.
-
-Redaction happens when text is read out, never on single writes, because a secret can be
-split over two writes. Reading out means cutting a window out of a longer text, and a cut
-through the middle of a secret would leave its tail unrecognisable: ``redact_from``
-redacts the window together with some text before it (``EDGE_CONTEXT``), then cuts.
+``logs_for_job`` puts a failed job's ``logs`` together from both. Redaction happens when
+text is read out, never on single writes, because a secret can be split over two writes
+(`JobOutput.redacted_text`, `OutputCapture.text_since`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
-from ._redact import EDGE_CONTEXT, redact_from
+from ._fd import current_job
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable
 
-    from ._fd import OutputCapture
-    from ._redact import Redactor
+    from ._fd import JobOutput, OutputCapture
 
-DEFAULT_JOB_CHARS = 1 << 16
 SHARED_OUTPUT_HEADER = "--- process output (shared by all jobs) ---"
-
-_current_job: ContextVar[JobOutput | None] = ContextVar("trio_worker_job_output", default=None)
-
-
-class JobOutput:
-    """The Python-level output of one job, bounded to its last ``max_chars`` characters."""
-
-    def __init__(self, job_id: str, *, max_chars: int = DEFAULT_JOB_CHARS) -> None:
-        self.job_id = job_id
-        self._max_chars = max_chars
-        self._chunks: list[str] = []
-        self._size = 0
-        # Writes can come from several threads of one job (trio.to_thread).
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"<JobOutput {self.job_id!r} {self._size} chars>"
-
-    def append(self, text: str) -> None:
-        with self._lock:
-            self._chunks.append(text)
-            self._size += len(text)
-            keep = self._max_chars + EDGE_CONTEXT
-            # Trimming only once the buffer doubles keeps appends amortised O(1) whatever
-            # the sizes of the writes; the EDGE_CONTEXT kept beyond the window lets
-            # redacted_text() see a secret that straddles the window's start.
-            if self._size > 2 * keep:
-                self._chunks = ["".join(self._chunks)[-keep:]]
-                self._size = keep
-
-    def text(self, limit: int = 16384) -> str:
-        """The job's own Python-level output, its last *limit* characters, not redacted."""
-        if limit <= 0:
-            return ""
-        return self._joined()[-min(limit, self._max_chars) :]
-
-    def redacted_text(self, redactor: Redactor, limit: int = 16384) -> str:
-        """Like `text`, redacted, with a secret cut by the window's start still hidden."""
-        if limit <= 0:
-            return ""
-        joined = self._joined()
-        start = max(len(joined) - min(limit, self._max_chars), 0)
-        context = max(start - EDGE_CONTEXT, 0)
-        return redact_from(redactor, joined[context:], start - context)[-limit:]
-
-    def _joined(self) -> str:
-        with self._lock:
-            joined = "".join(self._chunks)
-            self._chunks = [joined]
-            return joined
-
-
-@contextlib.contextmanager
-def job_output(job_id: str) -> Iterator[JobOutput]:
-    """Attribute Python-level writes made in this context (and its copies) to a new JobOutput.
-
-    The attribution follows trio tasks started from inside the block and threads started
-    with ``trio.to_thread``, since both run in a copy of the current context. It only sees
-    writes through ``sys.stdout``/``sys.stderr`` once `install_python_stream_attribution`
-    has run.
-    """
-    job = JobOutput(job_id)
-    token = _current_job.set(job)
-    try:
-        yield job
-    finally:
-        _current_job.reset(token)
 
 
 class _AttributingStream:
@@ -117,7 +43,7 @@ class _AttributingStream:
     def write(self, text: str) -> int:
         written = self._wrapped.write(text)
         # Copied only after the real write succeeded, so a job never "said" what failed.
-        job = _current_job.get()
+        job = current_job.get()
         if job is not None:
             job.append(text)
         return written

@@ -1,23 +1,17 @@
-"""fd-level capture of stdout and stderr (docs/design.md §8).
+"""fd-level capture of stdout and stderr, and each job's part of it (docs/design.md §8;
+docs/how-it-works.md, "Output capture").
 
-Theory of operation
--------------------
-`OutputCapture.install` saves a duplicate of whatever fds 1 and 2 point at, then points
-them at the write ends of two pipes. One daemon reader thread waits on both read ends and
-a control pipe with ``selectors``. Every chunk it reads is written in full to the saved fd,
-so the container log still receives everything, in order per fd, and is appended to one
-byte ring shared by both fds. Since the redirection is at the fd level, the ring also sees
-what C extensions, CUDA and child processes (which inherit fds 1 and 2) write.
-
-Positions are absolute byte counts since install (`OutputCapture.mark`), so "everything
-since this job started" costs nothing until it is asked for. Text leaves only through
-`OutputCapture.text_since`, which decodes and redacts at read-out time: a secret split
-over two writes is whole again in the ring, and the window is cut out only after
-redaction (``redact_from``). The ring keeps ``EDGE_CONTEXT`` bytes beyond ``tail_bytes``
-for that.
-
-`OutputCapture.flush` is what makes a mark exact: it flushes Python and C stdio, then
-waits (bounded) until the pipes are empty and the reader holds no chunk.
+`OutputCapture.install` points fds 1 and 2 at two pipes. One daemon reader thread writes
+every chunk in full to the saved fds (the container log still gets everything, in order per
+fd) and appends it to one byte ring, which so also sees what C extensions, CUDA and child
+processes write. Positions are byte counts since install: a job takes one as it starts
+(`OutputCapture.mark_nowait`) and enters `job_output`, which collects its own Python-level
+writes (``_attribution`` copies them there); both are read out only if the job fails.
+Text leaves only through `OutputCapture.text_since` and `JobOutput.redacted_text`, which
+redact before they cut the window (``redact_from``): a secret split over two writes is
+whole again, and ``EDGE_CONTEXT`` more is kept for one cut by the window's start.
+`OutputCapture.flush` makes a mark exact: it flushes Python and C stdio, then waits
+(bounded) until the ring holds what was written.
 
 Deadlock: a writer that holds the GIL while blocked in write(2) on a full pipe cannot be
 rescued by a reader that needs the GIL (minrk/wurlitzer#20). The pipes are grown to 1 MiB
@@ -41,22 +35,23 @@ import selectors
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from ._pipes import Redirect, flush_stdio, redirect_to_pipe, write_all
 from ._pipes import close_all as _close_all
 from ._pipes import dup2 as _dup2
-from ._pipes import flush_stdio, grow_pipe
 from ._pipes import identity as _identity
 from ._pipes import pending_bytes as _pending
-from ._pipes import wait_writable as _wait_writable
-from ._redact import EDGE_CONTEXT, redact_from
+from ._redact import EDGE_CONTEXT, char_start, redact_from
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from ._feed import Feed
     from ._redact import Redactor
 
-__all__ = ["OutputCapture"]
+__all__ = ["JobOutput", "OutputCapture", "job_output"]
 
 READER_THREAD_NAME = "trio_worker-output-capture"
 
@@ -66,21 +61,12 @@ _RECHECK = 0.001  # seconds, at most, between two looks at what a flush waits fo
 _FIRST_PAUSE = 0.00002
 
 
-@dataclass(eq=False)
-class _Redirect:
-    fd: int  # 1 or 2
-    saved: int  # what fd pointed at before install; the pass-through destination
-    read_end: int
-    pipe_id: tuple[int, int]  # (st_dev, st_ino): recognises our pipe on fd at restore time
-    forwarding: bool = True  # False once the destination refuses writes (closed downstream)
-
-
 class OutputCapture:
     """Captures fds 1 and 2 while passing everything through; see the module docstring."""
 
     def __init__(
         self,
-        redirects: list[_Redirect],
+        redirects: list[Redirect],
         redactor: Redactor,
         tail_bytes: int,
         feed: Feed | None = None,
@@ -124,11 +110,11 @@ class OutputCapture:
             return cls._install_fed(redactor, tail_bytes, feed)
         # Output buffered before the swap belongs to the old destination, ahead of ours.
         flush_stdio()
-        redirects: list[_Redirect] = []
+        redirects: list[Redirect] = []
         capture: OutputCapture | None = None
         try:
             for fd in (1, 2):
-                redirects.append(_redirect(fd))
+                redirects.append(redirect_to_pipe(fd))
             capture = cls(redirects, redactor, tail_bytes)
             capture._thread.start()
         except BaseException:
@@ -146,14 +132,7 @@ class OutputCapture:
 
     @classmethod
     def _install_fed(cls, redactor: Redactor, tail_bytes: int, feed: Feed) -> OutputCapture:
-        redirects = [
-            # saved=-1, forwarding off: the watchdog passes through; nothing to restore.
-            _Redirect(fd=fd, saved=-1, read_end=copy, pipe_id=(0, 0), forwarding=False)
-            for fd, copy in zip((1, 2), feed.copies, strict=True)
-        ]
-        for r in redirects:
-            os.set_blocking(r.read_end, False)
-        capture = cls(redirects, redactor, tail_bytes, feed)
+        capture = cls(feed.redirects(), redactor, tail_bytes, feed)
         capture._restored = True
         capture._thread.start()
         atexit.register(capture.stop)
@@ -201,7 +180,7 @@ class OutputCapture:
                 return ""
             context = max(start - EDGE_CONTEXT, base)
             window = bytes(self._ring[context - base :])
-        cut = _char_start(window, start - context)
+        cut = char_start(window, start - context)
         text = window.decode(errors="replace")
         # window[:cut] ends on a character boundary, so it decodes to a prefix of text.
         cut_chars = len(window[:cut].decode(errors="replace"))
@@ -249,8 +228,7 @@ class OutputCapture:
         was, once seen).
 
         Unwatched: the ring and the capture's pipes, counted with no chunk in flight (the
-        pump lock). Watched: the watchdog's counts (``_feed``): once it has handled what
-        was written, the target is what it had forwarded by then.
+        pump lock). Watched: the watchdog's counts (:meth:`Feed.flush_target`).
         """
         if target is not None:
             return target, written
@@ -258,11 +236,7 @@ class OutputCapture:
         if feed is None:
             with self._pump_lock, self._cond:
                 return self._total + self._unread(), None
-        if written is None:
-            written = feed.written_before_now()
-        if written is not None and feed.handled() >= written:
-            return feed.forwarded(), written
-        return None, written
+        return feed.flush_target(written)
 
     def _holds(self, target: int) -> bool:
         """Whether the ring has reached *target* (or never will: the reader ended)."""
@@ -311,7 +285,7 @@ class OutputCapture:
                 if not events:
                     self._drained.set()
                 for key, _ in events:
-                    redirect: _Redirect | None = key.data
+                    redirect: Redirect | None = key.data
                     if redirect is None:
                         selector.unregister(self._ctl_read)
                         stopping = True
@@ -331,15 +305,16 @@ class OutputCapture:
             selector.close()
             self._finish_reader()
 
-    def _pump(self, redirect: _Redirect) -> bool:
+    def _pump(self, redirect: Redirect) -> bool:
         """Move one chunk from the pipe to the destination and the ring; False at EOF."""
         with self._pump_lock:
             try:
                 data: bytes | None = os.read(redirect.read_end, _READ_SIZE)
             except BlockingIOError:
                 data = None  # a flush moved it first
-            if data:
-                self._forward(redirect, data)
+            # The reader of the real stdout gone: capturing goes on without forwarding.
+            if data and redirect.forwarding and not write_all(redirect.saved, data):
+                redirect.forwarding = False
             with self._cond:
                 if data:
                     self._append(data)
@@ -361,22 +336,6 @@ class OutputCapture:
         reads = [r.read_end for r in self._redirects if r.read_end in self._open_reads]
         with contextlib.suppress(OSError, ValueError):  # a read end closed meanwhile
             select.select(reads, [], [], timeout)
-
-    def _forward(self, redirect: _Redirect, data: bytes) -> None:
-        if not redirect.forwarding:
-            return
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(redirect.saved, view) :]
-            except BlockingIOError:
-                # Someone made the shared file description non-blocking (it is shared with
-                # whatever else holds the real stdout); wait for room instead of spinning.
-                _wait_writable(redirect.saved)
-            except OSError:
-                # The reader of the real stdout is gone; keep capturing regardless.
-                redirect.forwarding = False
-                return
 
     def _append(self, data: bytes) -> None:
         ring = self._ring
@@ -412,33 +371,76 @@ class OutputCapture:
         _close_all([r.saved for r in self._redirects])
 
 
-# --- redirecting an fd ------------------------------------------------------------------------
+# --- each job's part: its own Python-level output --------------------------------------
 
 
-def _redirect(fd: int) -> _Redirect:
-    saved = os.dup(fd)
+DEFAULT_JOB_CHARS = 1 << 16
+
+# The output of the job running in this context: set by job_output(), read by the
+# sys.stdout/sys.stderr wrapper (_attribution) on every write.
+current_job: ContextVar[JobOutput | None] = ContextVar("trio_worker_job_output", default=None)
+
+
+class JobOutput:
+    """The Python-level output of one job, bounded to its last ``max_chars`` characters."""
+
+    def __init__(self, job_id: str, *, max_chars: int = DEFAULT_JOB_CHARS) -> None:
+        self.job_id = job_id
+        self._max_chars = max_chars
+        self._chunks: list[str] = []
+        self._size = 0
+        # Writes can come from several threads of one job (trio.to_thread).
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<JobOutput {self.job_id!r} {self._size} chars>"
+
+    def append(self, text: str) -> None:
+        with self._lock:
+            self._chunks.append(text)
+            self._size += len(text)
+            keep = self._max_chars + EDGE_CONTEXT
+            # Trimming only once the buffer doubles keeps appends amortised O(1) whatever
+            # the sizes of the writes; the EDGE_CONTEXT kept beyond the window lets
+            # redacted_text() see a secret that straddles the window's start.
+            if self._size > 2 * keep:
+                self._chunks = ["".join(self._chunks)[-keep:]]
+                self._size = keep
+
+    def text(self, limit: int = 16384) -> str:
+        """The job's own Python-level output, its last *limit* characters, not redacted."""
+        if limit <= 0:
+            return ""
+        return self._joined()[-min(limit, self._max_chars) :]
+
+    def redacted_text(self, redactor: Redactor, limit: int = 16384) -> str:
+        """Like `text`, redacted, with a secret cut by the window's start still hidden."""
+        if limit <= 0:
+            return ""
+        joined = self._joined()
+        start = max(len(joined) - min(limit, self._max_chars), 0)
+        context = max(start - EDGE_CONTEXT, 0)
+        return redact_from(redactor, joined[context:], start - context)[-limit:]
+
+    def _joined(self) -> str:
+        with self._lock:
+            joined = "".join(self._chunks)
+            self._chunks = [joined]
+            return joined
+
+
+@contextlib.contextmanager
+def job_output(job_id: str) -> Iterator[JobOutput]:
+    """Attribute Python-level writes made in this context (and its copies) to a new JobOutput.
+
+    The attribution follows trio tasks started from inside the block and threads started
+    with ``trio.to_thread``, since both run in a copy of the current context. It only sees
+    writes through ``sys.stdout``/``sys.stderr`` once `install_python_stream_attribution`
+    has run.
+    """
+    job = JobOutput(job_id)
+    token = current_job.set(job)
     try:
-        read_end, write_end = os.pipe()
-    except BaseException:
-        os.close(saved)
-        raise
-    try:
-        grow_pipe(write_end)
-        os.set_blocking(read_end, False)
-        pipe_id = _identity(write_end)
-        _dup2(write_end, fd)
-    except BaseException:
-        _close_all([saved, read_end])
-        raise
+        yield job
     finally:
-        # fd now holds the only write end we need; children inherit it from there.
-        os.close(write_end)
-    return _Redirect(fd=fd, saved=saved, read_end=read_end, pipe_id=pipe_id)
-
-
-def _char_start(data: bytes, index: int) -> int:
-    """*index* moved back to the start of the UTF-8 character it falls in."""
-    for _ in range(3):
-        if 0 < index < len(data) and data[index] & 0xC0 == 0x80:
-            index -= 1
-    return index
+        current_job.reset(token)

@@ -27,7 +27,6 @@ Every count only grows, so a flush waits for a number, never for quiet.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import struct
@@ -35,7 +34,7 @@ import sys
 import termios
 from typing import TYPE_CHECKING, Any
 
-from ._pipes import close_all, grow_pipe, map_page, shared_page, wait_writable
+from ._pipes import Redirect, close_all, grow_pipe, map_page, shared_page, write_all
 
 if TYPE_CHECKING:
     import mmap
@@ -83,6 +82,30 @@ class Feed:
         read = self.count(_READ)
         pending = self.upstream_bytes()
         return read + pending if self.count(_READ) == read else None
+
+    def flush_target(self, written: int | None) -> tuple[int | None, int | None]:
+        """One look for a flush of the capture that reads this feed: ``(target, written)``.
+
+        *written* is what had been written to fds 1/2 when the flush began (None until
+        seen); once the watchdog has handled that much, the target is what it had
+        forwarded by then, the count the capture's ring reaches when it holds it all.
+        """
+        if written is None:
+            written = self.written_before_now()
+        if written is not None and self.handled() >= written:
+            return self.forwarded(), written
+        return None, written
+
+    def redirects(self) -> list[Redirect]:
+        """The copies as the capture reads them: non-blocking, with nothing to forward
+        (the watchdog passes through) and nothing to restore."""
+        redirects = [
+            Redirect(fd=fd, saved=-1, read_end=copy, pipe_id=(0, 0), forwarding=False)
+            for fd, copy in zip((1, 2), self.copies, strict=True)
+        ]
+        for r in redirects:
+            os.set_blocking(r.read_end, False)
+        return redirects
 
     def handled(self) -> int:
         return self.count(_HANDLED)
@@ -155,7 +178,7 @@ class Tee:
         self._handled += len(data)
         _COUNT.pack_into(self._seq, _FORWARDED, self._forwarded)
         _COUNT.pack_into(self._seq, _HANDLED, self._handled)
-        _write_all(self._real[fd], data)
+        write_all(self._real[fd], data)  # the real stdout gone: the tail is still kept
         self._keep(data)
         return True
 
@@ -243,16 +266,3 @@ def discard_tee(tee: Tee, feed: Feed) -> None:
     """Close both ends of every pipe and the shared page: no worker will use them."""
     close_all([*tee.reads, *tee._writes, *tee.copies, *feed.copies, tee.seq_fd])
     tee._seq.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            wait_writable(fd)
-        except OSError as exc:
-            if exc.errno == errno.EINTR:
-                continue
-            return  # the real stdout is gone; the tail is still kept

@@ -1,5 +1,6 @@
-"""fd plumbing shared by the capture (`_fd`) and the crash watchdog's tee (`_feed`), and the
-flush of Python's and C's stdio buffers into fds 1 and 2."""
+"""fd plumbing shared by the capture (`_fd`) and the crash watchdog's tee (`_feed`): an fd
+pointed at a pipe, writing a chunk in full, the flush of Python's and C's stdio buffers into
+fds 1 and 2, and the pages of memory shared across fork and exec."""
 
 from __future__ import annotations
 
@@ -60,6 +61,24 @@ def wait_writable(fd: int) -> None:
     poller.poll()
 
 
+def write_all(fd: int, data: bytes) -> bool:
+    """Write all of *data* to *fd*, waiting for room; False once *fd* refuses writes (the
+    reader of the real stdout is gone)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            # Someone made the shared file description non-blocking (it is shared with
+            # whatever else holds the real stdout); wait for room instead of spinning.
+            wait_writable(fd)
+        except OSError as exc:
+            if exc.errno == errno.EINTR:
+                continue
+            return False
+    return True
+
+
 def close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
@@ -106,3 +125,49 @@ def flush_stdio() -> None:
     libc = _libc()
     if libc is not None:
         libc.fflush(None)  # NULL: every C stdio stream, CUDA's and extensions' included
+
+
+class Redirect:
+    """An fd pointed at the write end of a pipe whose read end the capture reads.
+
+    (A plain class: the crash watchdog imports this module, see ``_feed.Feed``.)
+    """
+
+    __slots__ = ("fd", "forwarding", "pipe_id", "read_end", "saved")
+
+    def __init__(
+        self,
+        fd: int,
+        saved: int,
+        read_end: int,
+        pipe_id: tuple[int, int],
+        *,
+        forwarding: bool = True,
+    ) -> None:
+        self.fd = fd  # 1 or 2
+        self.saved = saved  # what fd pointed at before install; the pass-through destination
+        self.read_end = read_end
+        self.pipe_id = pipe_id  # (st_dev, st_ino): recognises our pipe on fd at restore time
+        self.forwarding = forwarding  # False once the destination refuses writes
+
+
+def redirect_to_pipe(fd: int) -> Redirect:
+    """Point *fd* at a new pipe's write end, saving what it pointed at (to pass through)."""
+    saved = os.dup(fd)
+    try:
+        read_end, write_end = os.pipe()
+    except BaseException:
+        os.close(saved)
+        raise
+    try:
+        grow_pipe(write_end)
+        os.set_blocking(read_end, False)
+        pipe_id = identity(write_end)
+        dup2(write_end, fd)
+    except BaseException:
+        close_all([saved, read_end])
+        raise
+    finally:
+        # fd now holds the only write end we need; children inherit it from there.
+        os.close(write_end)
+    return Redirect(fd=fd, saved=saved, read_end=read_end, pipe_id=pipe_id)

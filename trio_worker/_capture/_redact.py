@@ -166,3 +166,12 @@ def _common_prefix_length(a: str, b: str) -> int:
         else:
             high = middle - 1
     return low
+
+
+def char_start(data: bytes, index: int) -> int:
+    """*index* moved back to the start of the UTF-8 character it falls in: where a window
+    of encoded text may be cut before it is decoded and redacted (:func:`redact_from`)."""
+    for _ in range(3):
+        if 0 < index < len(data) and data[index] & 0xC0 == 0x80:
+            index -= 1
+    return index
