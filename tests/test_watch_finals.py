@@ -272,3 +272,38 @@ def test_a_flush_waits_for_what_was_written_before_it_not_for_quiet_pipes(
         tee.drain()  # the watchdog's last look, so the capture's own last flush ends
         capture.stop()
         os.close(devnull)
+
+
+def test_a_flush_that_looks_while_the_watchdog_is_mid_read_counts_those_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog has taken bytes out of the pipe but not yet counted them read: a flush
+    that looks then must not take "read so far plus what the pipe holds" as everything
+    written before it (those bytes are in neither), or it returns before they are in the
+    ring and the job's last line is missing from its report."""
+    from trio_worker._capture._feed import discard_tee, open_tee
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    tee, feed = open_tee(64, real=(devnull, devnull))
+    looks: list[int | None] = []
+    real_read = os.read
+
+    def read_then_look(fd: int, size: int) -> bytes:
+        data = real_read(fd, size)
+        if fd == tee.reads[0]:
+            looks.append(feed.written_before_now())  # a flush in the worker, just now
+        return data
+
+    try:
+        line = b"this job's last line\n"
+        os.write(tee._writes[0], line)
+        monkeypatch.setattr(os, "read", read_then_look)  # for the one pump below
+        assert tee.pump(tee.reads[0])
+        monkeypatch.undo()
+        assert looks, "the look did not happen inside the read"
+        # Either it knows it cannot tell yet (look again) or it counts the line.
+        assert looks[0] is None or looks[0] >= len(line), looks
+        assert feed.written_before_now() == len(line)
+    finally:
+        discard_tee(tee, feed)
+        os.close(devnull)

@@ -21,7 +21,10 @@ the worker: bytes it has *read* from fds 1/2's pipes, bytes it has *handled* (th
 forwarded or dropped; the pass-through follows), bytes *forwarded* to the copies. Everything
 written before a flush began is at most what was read plus what the pipes held then; once
 that much is handled, the flush waits for the ring to hold what was forwarded by then.
-Every count only grows, so a flush waits for a number, never for quiet.
+Every count only grows, so a flush waits for a number, never for quiet. Between taking a
+chunk out of a pipe and counting it read, the chunk is in neither count: a fourth word,
+odd while a read is under way and bumped again when it is counted, tells a flush that
+looked meanwhile to look again.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ _READ_SIZE = 1 << 16
 # The shared page's counts: each written alone, in this order of growth (forwarded before
 # handled), so a reader that sees a chunk handled also sees its copy forwarded.
 _READ, _HANDLED, _FORWARDED = 0, 8, 16
+# Odd from before a read of fds 1/2's pipes until its bytes are in ``_READ``.
+_READING = 24
 _COUNT = struct.Struct("Q")
 
 
@@ -79,9 +84,12 @@ class Feed:
         """The bytes written to fds 1/2 so far: what the watchdog has read, and what the
         pipes still hold, seen with no read between the two looks; None when the watchdog
         read meanwhile (look again: it reads in bursts, with pauses between)."""
+        reading = self.count(_READING)
+        if reading % 2:
+            return None
         read = self.count(_READ)
         pending = self.upstream_bytes()
-        return read + pending if self.count(_READ) == read else None
+        return read + pending if self.count(_READING) == reading else None
 
     def flush_target(self, written: int | None) -> tuple[int | None, int | None]:
         """One look for a flush of the capture that reads this feed: ``(target, written)``.
@@ -136,6 +144,9 @@ class Tee:
         self._writes = writes  # write ends, closed once the child has its own
         self.seq_fd, self._seq = seq
         self._read = self._handled = self._forwarded = 0
+        # Goes on from the page's value, so a look across a restart never sees it repeat.
+        reading = int(_COUNT.unpack_from(self._seq, _READING)[0])
+        self._reading = reading + reading % 2
         self._tail = bytearray()
         self._tail_bytes = tail_bytes
         self.copies_dropped = 0
@@ -163,15 +174,23 @@ class Tee:
 
     def pump(self, fd: int) -> bool:
         """Move one chunk; False at EOF or when nothing was there."""
+        self._reading += 1
+        _COUNT.pack_into(self._seq, _READING, self._reading)
         try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return False
+            try:
+                data = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                data = None
+            if data:
+                self._read += len(data)
+                _COUNT.pack_into(self._seq, _READ, self._read)
+        finally:
+            self._reading += 1
+            _COUNT.pack_into(self._seq, _READING, self._reading)
         if not data:
-            self.closed.add(fd)
+            if data is not None:
+                self.closed.add(fd)
             return False
-        self._read += len(data)
-        _COUNT.pack_into(self._seq, _READ, self._read)
         # The copy first: a flush in the worker waits for it, not for the real fd (a
         # terminal, a container's log pipe), which may take longer to take the bytes.
         self._forwarded += self._copy_out(self._copy[fd], data)
