@@ -19,7 +19,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 600  # seconds for one pip step: a safety bound, never reached on a working machine
-DEPENDENCIES = ("trio>=0.31", "httpx>=0.28", "h11>=0.16")  # as pyproject.toml's
+DEPENDENCIES = ("trio>=0.31", "httpx>=0.28", "h11>=0.16", "httptools>=0.7.1")  # as pyproject.toml's
 
 
 @dataclass(frozen=True)

@@ -6,15 +6,15 @@ from __future__ import annotations
 import logging
 import tracemalloc
 
-import h11
 import pytest
 import trio
 
 from trio_worker import TransportError
 from trio_worker._config import MAX_ANSWER_BYTES, Timings, platform_from_env
 from trio_worker._platform._client import PlatformClient
-from trio_worker._platform._connection import PipeliningUnsupported
+from trio_worker._platform._connection import Connection
 from trio_worker._platform._http import HttpPool, HttpResponse
+from trio_worker._platform._request import PipeliningUnsupported
 
 from .scripted_server import (
     STATIC_HEADERS,
@@ -211,7 +211,7 @@ async def test_a_chunked_answer_mid_round_is_read_and_the_answers_behind_it(
     server: Server, proven: HttpPool
 ) -> None:
     client = proven
-    # The second answer is chunked: h11 reads it whole, then the third.
+    # The second answer is chunked: llhttp reads it whole, then the third.
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nbb\r\n0\r\n\r\n"
     server.reply(response(b"a") + chunked + response(b"c", "429 Too Many", ("Retry-After: 3",)))
     server.reply()
@@ -230,16 +230,16 @@ async def test_answers_dripping_in_byte_by_byte_are_read_whole_each_byte_parsed_
     server: Server, client: HttpPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A head dripping in must not be parsed over again at each byte (a parser that
-    # re-reads an unfinished head would be quadratic in it): h11 keeps its place, and each
-    # byte is handed to it once.
+    # re-reads an unfinished head would be quadratic in it): llhttp keeps its place, and
+    # each byte is handed to it once.
     parsed: list[int] = []
-    receive_data = h11.Connection.receive_data
+    parse = Connection._parse
 
-    def counted(self: h11.Connection, data: bytes) -> None:
+    def counted(self: Connection, data: bytes | bytearray) -> None:
         parsed.append(len(data))
-        receive_data(self, data)
+        parse(self, data)
 
-    monkeypatch.setattr(h11.Connection, "receive_data", counted)
+    monkeypatch.setattr(Connection, "_parse", counted)
     wire = response(b"a") + response(b"bb", "503 Busy") + response(b"ccc")
     server.reply(*split(wire, 1), pause=0.0005)
     server.reply()

@@ -8,7 +8,7 @@
 * ``_http``: `HttpPool`, the one HTTP/1.1 client every route runs on, and its reuse rule
   (the quiet check); or, with proxy variables set, ``_proxy``'s `ProxyRoutes`, which sends
   each origin direct (the pool) or through its proxy (httpx).
-* ``_connection``: one kept-alive connection and the one answer parser (h11).
+* ``_connection``: one kept-alive connection and the one answer parser (llhttp).
 * ``_request``: origins, targets and headers, checked once; ``_network``: the socket
   stream under each connection, and TLS.
 * ``_heartbeat``: the ping thread, on its own trio loop and connection (and the same pings

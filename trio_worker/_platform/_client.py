@@ -31,11 +31,12 @@ from .._config import LIMITS, MAX_TAKE_ANSWER_BYTES, with_query
 from .._exceptions import AnswerTooLarge, PlatformError, RateLimited, TransportError
 from .._version import __version__
 from . import _wire
-from ._connection import HttpResponse, PipeliningUnsupported
 from ._http import ServerKinds, make_backend
+from ._request import PipeliningUnsupported
 
 if TYPE_CHECKING:
     from .._config import PlatformConfig, Timings
+    from ._connection import HttpResponse
     from ._http import BackendWrapper, StreamOpener
 
 log = logging.getLogger("trio_worker")

@@ -1,4 +1,4 @@
-"""The worker's HTTP client: one pool, one entry point, h11 reading every answer.
+"""The worker's HTTP client: one pool, one entry point, llhttp reading every answer.
 
 The platform protocol is a handful of tiny requests to a few fixed URLs, and every job
 costs at least two of them; a general client's machinery per request is the worker's
@@ -38,15 +38,17 @@ import trio
 from .._config import DEFAULT_CONNECT_TIMEOUT, MAX_ANSWER_BYTES
 from .._exceptions import TransportError
 from .._proxies import any_proxy_configured
-from ._connection import (
-    Connection,
-    HttpBackend,
-    HttpResponse,
+from ._connection import Connection, HttpBackend, HttpResponse
+from ._network import close_all, open_tcp_stream, open_tls_stream, trust_context
+from ._request import (
+    UNSAFE_TARGET,
+    Origin,
     PipeliningUnsupported,
     StaleConnection,
+    check_headers,
+    parse_origin,
+    safe_target,
 )
-from ._network import close_all, open_tcp_stream, open_tls_stream, trust_context
-from ._request import UNSAFE_TARGET, Origin, check_headers, parse_origin, safe_target
 
 if TYPE_CHECKING:
     import socket
@@ -147,7 +149,7 @@ class ServerKinds:
 class HttpPool:
     """A keep-alive HTTP/1.1 client on trio streams, for the platform's routes.
 
-    Not a general client: no redirects, no cookies, no compression, no proxies.
+    Not a general client: no redirects, no cookies, no compression, no proxies, no HEAD.
     """
 
     def __init__(
@@ -227,9 +229,12 @@ class HttpPool:
             PipeliningUnsupported: the origin does not keep HTTP/1.1 connections (it
                 answered in HTTP/1.0, or delimited an answer by closing): *answers* holds
                 the answers to the requests sent, and the rest were not sent.
+            ValueError: *method* is HEAD or CONNECT, whose answers this client cannot frame.
         """
         if answers is None:
             answers = []
+        if method in ("HEAD", "CONNECT"):
+            raise ValueError(f"the platform's client does not send {method} requests")
         # The stream yields only when it has to wait (._network): a request whose deadline
         # passed before it started must not go out.
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Protocol
 from .._config import MAX_ANSWER_BYTES
 from .._exceptions import TransportError
 from .._proxies import proxy_for
-from ._connection import HttpBackend, HttpResponse, PipeliningUnsupported
+from ._connection import HttpBackend, HttpResponse
 from ._network import close_all, trust_context
-from ._request import too_large
+from ._request import PipeliningUnsupported, too_large
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -27,6 +27,16 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+class StaleConnection(Exception):
+    """A kept-alive connection the server had already closed; retry on a fresh one."""
+
+
+class PipeliningUnsupported(TransportError):
+    """The platform cannot take pipelined requests on this client: it answers in HTTP/1.0
+    or delimits answers by closing, or it is reached through a proxy. Raised before the
+    requests it leaves unanswered are sent, so none of them can be processed unawares."""
+
+
 class Origin(NamedTuple):
     """Where a request goes, parsed once by :func:`parse_origin`: a tuple, so the pool's
     dict lookups hash it, and read the fields every request needs, at C speed."""
