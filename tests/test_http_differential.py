@@ -336,6 +336,8 @@ NAMED |= {
     "duplicate Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n"
     b"Content-Length: 3\r\n\r\nabc",
     "a list of equal Content-Lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\nabc",
+    "a control byte in a field value": b"HTTP/1.1 200 OK\r\nX-A: a\x01b\r\n"
+    b"Content-Length: 2\r\n\r\nok",
     "obs-fold": b"HTTP/1.1 200 OK\r\nX-A: one\r\n two\r\nContent-Length: 2\r\n\r\nok",
     "bare LF": b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",
     "a space after a chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -353,6 +355,7 @@ NAMED |= {
 EXPECTED |= {
     "duplicate Content-Length": ("ok", 200, b"abc"),
     "a list of equal Content-Lengths": ("ok", 200, b"abc"),
+    "a control byte in a field value": ("ok", 200, b"ok"),
     "obs-fold": ("ok", 200, b"ok"),
     "bare LF": ("ok", 200, b"ok"),
     "a space after a chunk size": ("ok", 200, b"ok"),
@@ -386,9 +389,11 @@ async def test_the_client_never_reads_what_h11_rejects_nor_reads_it_otherwise(
 
 
 # Where the client is stricter than h11: llhttp rejects these forms, which RFC 9112 lets a
-# recipient read or reject (an obs-fold, which §5.2 asks a user agent to read, among them;
-# no platform server sends one).
+# recipient read or reject (an obs-fold, which §5.2 asks a user agent to read, among them),
+# or RFC 9110 §5.5 makes invalid (a control byte in a field value); no platform server
+# sends one.
 STRICTER = {
+    "a control byte in a field value",
     "duplicate Content-Length",
     "a list of equal Content-Lengths",
     "obs-fold",
