@@ -116,8 +116,7 @@ class PlatformClient:
         )
         if wrap_backend is not None:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
-        # Stream chunks are pipelined until the platform shows it cannot take that
-        # (docs/protocol.md §2.4).
+        # Stream chunks are pipelined until the platform cannot take them (docs/protocol.md §2.4).
         self._pipelining = True
         # Each route's URL built once from the config's templates: a take fills in only
         # its count, a report only its job's id (docs/protocol.md §2.1, §2.3).
