@@ -260,11 +260,13 @@ def test_a_fed_capture_sees_what_the_tee_forwarded_and_the_tee_keeps_the_tail() 
     try:
         start = capture.mark_nowait()
         os.write(tee._writes[0], b"hello from fd 1\n")
-        assert feed.upstream_pending()  # written, not yet forwarded: a flush must wait
+        line = len(b"hello from fd 1\n")
+        # Written, not yet handled by the tee: a flush has no target yet and must wait.
+        assert feed.flush_target(None) == (None, line)
         pumper = threading.Thread(target=tee.drain)
         pumper.start()
         pumper.join()
-        assert not feed.upstream_pending()
+        assert feed.flush_target(None) == (line, line)  # handled: the ring's target is known
         assert capture.text_since(start) == "hello from fd 1\n"
         os.write(tee._writes[1], b"x" * 100)
         tee.drain()

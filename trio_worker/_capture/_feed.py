@@ -66,10 +66,6 @@ class Feed:
         self.upstream = upstream  # read ends of fds 1/2's pipes, only ever asked FIONREAD
         self.seq = seq
 
-    def upstream_pending(self) -> bool:
-        """True while bytes written to fds 1/2 have not yet reached the copy pipes."""
-        return bool(self.upstream_bytes()) or self.count(_HANDLED) < self.count(_READ)
-
     def upstream_bytes(self) -> int:
         """Bytes written to fds 1/2 that the watchdog has not read yet."""
         pending = 0
