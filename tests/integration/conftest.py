@@ -40,11 +40,7 @@ class WorkerProcess:
 
     async def until_output(self, text: str, timeout: float = 20.0) -> None:
         """Wait until *text* appears in the output (or the pipes close without it)."""
-        with trio.fail_after(timeout):
-            while text not in self.output:
-                if all(done.is_set() for done in self.pumped):
-                    raise AssertionError(f"{text!r} never printed:\n{self.output}")
-                await self.grew.wait()
+        await self.until_match(re.escape(text), timeout)
 
     async def until_match(self, pattern: str, timeout: float = 20.0) -> re.Match[str]:
         """Wait until *pattern* matches the output; the match. A pattern that ends with a
@@ -53,7 +49,7 @@ class WorkerProcess:
         with trio.fail_after(timeout):
             while (match := re.search(pattern, self.output)) is None:
                 if all(done.is_set() for done in self.pumped):
-                    raise AssertionError(f"{pattern!r} never matched:\n{self.output}")
+                    raise AssertionError(f"{pattern!r} never printed:\n{self.output}")
                 await self.grew.wait()
         return match
 
