@@ -4,8 +4,9 @@ Every job has its own done and stream URL, so the client (:mod:`._http`) builds 
 heads by hand and caches them; what it needs only once per origin or per client is here:
 an origin parsed properly (scheme, host, port), the fixed headers checked, a target with
 characters no request line can hold percent-encoded, so a request on the wire is always
-one well-formed message (docs/protocol.md §2.0). And the errors of an answer over a bound,
-which name the request it answers without its query.
+one well-formed message (docs/protocol.md §2.0). And the client's errors off the hot path:
+an answer over a bound, which names the request it answers without its query; a stale
+kept-alive connection; an origin that cannot take pipelined requests.
 """
 
 from __future__ import annotations
