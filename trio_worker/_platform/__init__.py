@@ -10,8 +10,7 @@
   each origin direct (the pool) or through its proxy (httpx).
 * ``_connection``: one kept-alive connection and the one answer parser (llhttp).
 * ``_request``: origins, targets and headers, checked once, and the client's errors;
-  ``_network``: the socket
-  stream under each connection, and TLS.
+  ``_network``: the socket stream under each connection, and TLS.
 * ``_heartbeat``: the ping thread, on its own trio loop and connection (and the same pings
   as a trio task, for virtual time).
 
