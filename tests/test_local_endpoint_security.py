@@ -78,9 +78,12 @@ class Endpoint:
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
     script = tmp_path_factory.mktemp("endpoint") / "worker.py"
     script.write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_"))}
+    # The installed package, as a user's process finds it: no checkout on PYTHONPATH.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TW_", "PYTHONPATH"))
+    }
     # A key in the developer's environment must not be what the local routes accept.
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", RUNPOD_AI_API_KEY="env-key")
+    env.update(PYTHONUNBUFFERED="1", RUNPOD_AI_API_KEY="env-key")
     args = ["--rp_serve_api", "--rp_api_host", "127.0.0.1", "--rp_api_port", "0"]
     process = subprocess.Popen(
         [sys.executable, str(script), *args],

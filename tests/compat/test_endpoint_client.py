@@ -20,7 +20,7 @@ from typing import IO, Any
 import pytest
 import runpod
 
-from .conftest import HANDLERS, REPO
+from .conftest import HANDLERS
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,8 @@ BOUND = 60  # seconds; a safety bound on a hung server, never reached when thing
 @pytest.fixture(scope="module")
 def endpoint_url() -> Iterator[str]:
     """The dev server's ``/v2`` base URL, as ``runpod.endpoint_url_base`` expects it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPOD_")}
-    env["PYTHONPATH"] = str(REPO)
+    # The installed package, as a user's process finds it: no checkout on PYTHONPATH.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "PYTHONPATH"))}
     process = subprocess.Popen(
         [
             sys.executable,

@@ -17,7 +17,7 @@ import trio
 from trio_worker._fitness._gpu import GpuProbe
 
 from ..conftest import Platform
-from .conftest import REPO, WorkerProcess, kill_all, open_worker
+from .conftest import WorkerProcess, kill_all, open_worker
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def fake_smi(gpu_host: dict[str, Path], script: str) -> None:
 def gpu_env(platform: Platform, gpu_host: dict[str, Path], **overrides: str) -> dict[str, str]:
     env = platform.env(**overrides)
     env["PATH"] = f"{gpu_host['bin']}:{env.get('PATH', '/usr/bin:/bin')}"
-    env["PYTHONPATH"] = f"{gpu_host['site']}:{REPO}"
+    env["PYTHONPATH"] = str(gpu_host["site"])  # the stub torch only; the package is installed
     env["TW_TORCH_IMPORTS"] = str(gpu_host["imports"])
     return env
 
