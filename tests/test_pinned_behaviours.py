@@ -30,7 +30,7 @@ async def test_a_take_answered_no_job_at_once_pauses_instead_of_spinning(
 ) -> None:
     """A platform that answers "no job" without holding the poll (an immediate 204, or the
     400 it gives under FlashBoot) is asked again only after a pause: over 10 s the worker
-    makes about one take per ``error_backoff_min`` (0.1 s), not one per loop turn."""
+    makes about one take per ``empty_poll_floor`` (0.1 s), not one per loop turn."""
     platform = FakePlatform(take_hold=0.0)
     if fault is not None:
         platform.inject(fault)
@@ -51,6 +51,34 @@ async def test_a_take_answered_no_job_at_once_pauses_instead_of_spinning(
         pytest.fail(f"{ceiling} takes in less than 10 s: the take loop spins")
     takes = sum(1 for r in platform.requests if r.route == "take")
     assert takes >= 20, takes  # it did keep asking
+    nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("route", ["take", "stop"])
+async def test_both_long_polls_answered_empty_at_once_wait_out_the_one_floor(
+    route: str, nursery: trio.Nursery, virtual_clock: trio.abc.Clock
+) -> None:
+    """Take and stop have one floor, ``Timings.empty_poll_floor``: a route answered empty
+    at once is asked again no sooner than the floor after it was last asked. The backoff
+    base after an error (``error_backoff_min``, here far smaller) has no part in it."""
+    platform = FakePlatform(take_hold=0.0, stop_hold=0.0)
+    timings = trio_worker.Timings(empty_poll_floor=0.5, error_backoff_min=0.001)
+    await nursery.start(
+        functools.partial(
+            trio_worker.testing.serve,
+            lambda job: None,
+            environ=platform.worker_env("http://platform"),
+            app=platform,
+            heartbeat="off",
+            handle_signals=False,
+            capture_logs="off",
+            timings=timings,
+        )
+    )
+    await trio.sleep(10.0)
+    polls = sum(1 for r in platform.requests if r.route == route)
+    # 10 s / 0.5 s is 20 polls, 21 with the first; a floor of 0.1 s would make about 100.
+    assert 15 <= polls <= 21, polls
     nursery.cancel_scope.cancel()
 
 

@@ -65,7 +65,8 @@ DEFAULT_RATE_LIMIT_FLOOR = 1.0
 DEFAULT_RATE_LIMIT_CAP = 60.0
 DEFAULT_ERROR_BACKOFF_MIN = 0.1
 DEFAULT_ERROR_BACKOFF_MAX = 10.0
-DEFAULT_EMPTY_POLL_FLOOR = 1.0  # a stop poll answered empty faster than this waits the rest
+# A take or stop poll answered empty faster than this waits the rest (docs/protocol.md §5).
+DEFAULT_EMPTY_POLL_FLOOR = 0.1
 DEFAULT_CONNECT_TIMEOUT = 10.0  # one TCP (and TLS) connect to the platform
 DEFAULT_REPORT_BACKOFF_MAX = 2.0  # cap of one wait between two attempts of a report
 # A stop for an id not (yet) held is remembered this long, and at most this many: the take

@@ -158,11 +158,11 @@ class Supervisor:
             self._nursery = nursery
             self._jobs = await nursery.start(self._run_jobs)
             nursery.start_soon(self._init_task)
-            nursery.start_soon(self._poll, "job-take", self.timings.error_backoff_min)
+            nursery.start_soon(self._poll, "job-take")
             if self.settings.platform.stop_url is None:
                 log.warning("job-take URL has no /job-take/; the stop channel is disabled")
             else:
-                nursery.start_soon(self._poll, "job-stop", self.timings.empty_poll_floor)
+                nursery.start_soon(self._poll, "job-stop")
             nursery.start_soon(self._watch_for_a_cut)
         if self.failure is not None:
             await self._claim_one_to_fail()
@@ -232,19 +232,19 @@ class Supervisor:
 
     # -- the poll loop: take and stop -------------------------------------------------------
 
-    async def _poll(self, route: str, floor: float) -> None:
-        """One long-poll route, until a stop begins: a poll whose answer was empty and not
-        held starts again no sooner than *floor* after it started; a failure waits its
-        backoff, a 429 what it asked for (one rule, ``_pacing``)."""
+    async def _poll(self, route: str) -> None:
+        """One long-poll route, until a stop begins: a poll whose answer was empty starts
+        again no sooner than ``empty_poll_floor`` after it started, on both routes; a
+        failure waits its backoff, a 429 what it asked for (one rule, ``_pacing``)."""
         backoff = Backoff(route, self.timings)
         take = route == "job-take"
         try:
-            await self._poll_until_stopped(take, floor, backoff)
+            await self._poll_until_stopped(take, backoff)
         finally:
             if take:
                 self._take_loop_over.set()
 
-    async def _poll_until_stopped(self, take: bool, floor: float, backoff: Backoff) -> None:
+    async def _poll_until_stopped(self, take: bool, backoff: Backoff) -> None:
         # One scope for the whole loop: a stop ends whatever idle wait it is in, never a
         # take in flight (each runs shielded, _take_once).
         with self.scopes.open_scope(when_stopping):
@@ -264,7 +264,7 @@ class Supervisor:
                     await trio.sleep(backoff.failed(exc))
                     continue
                 backoff.succeeded()
-                rest = started + floor - trio.current_time()
+                rest = started + self.timings.empty_poll_floor - trio.current_time()
                 if not got and rest > 0:
                     await trio.sleep(rest)
 

@@ -162,7 +162,7 @@ def timings(draw: st.DrawFn) -> trio_worker.Timings:
         rate_limit_pause=draw(st.sampled_from([0.5, 1.0, 3.0])),
         error_backoff_min=draw(st.sampled_from([0.25, 0.5])),
         error_backoff_max=draw(st.sampled_from([1.0, 4.0])),
-        empty_poll_floor=draw(st.sampled_from([0.5, 1.0])),
+        empty_poll_floor=draw(st.sampled_from([0.25, 0.5, 1.0])),
     )
 
 
