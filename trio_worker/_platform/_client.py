@@ -1,17 +1,10 @@
-"""The platform protocol: take, stop, done, stream (docs/protocol.md §2), and the take's
+"""The worker routes: take, stop, done, stream (docs/protocol.md §2), and the take's
 answer read into jobs.
 
-Two HTTP clients, on purpose: long-polls (take, stop) use one, reports (done, stream,
-progress) the other. Cancelling a long-poll can leak a pool slot under contention
-(encode/httpcore#1093), and a report must never wait behind that.
-
-Every call here is a single attempt: what is worth another, and when, is decided
-elsewhere, once (the reports' retries in :meth:`~trio_worker._delivery.Delivery.post`, the
-long-polls' pauses in the supervisor's one poll loop, both waits paced by
-:mod:`trio_worker._pacing`). A ``Retry-After`` is handed on as asked, with no floor or cap
-of this module's. What a job's take and report need is here or in the pool; answers off
-that path (a stop answer, a ``Retry-After``, an answer too large or not JSON) are read by
-:mod:`._wire`.
+Two clients, long-polls and reports, so a cancelled long-poll never holds up a report
+(docs/protocol.md §2.0, encode/httpcore#1093). Every call is one attempt: the retries are
+:meth:`~trio_worker._delivery.Delivery.post`'s and the poll loop's, their waits
+:mod:`trio_worker._pacing`'s; a ``Retry-After`` is handed on as asked.
 """
 
 from __future__ import annotations
@@ -42,11 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trio_worker")
 
 USER_AGENT = f"trio_worker/{__version__} (Language/Python {platform.python_version()})"
-# The reference sends JSON text under a form content type (docs/protocol.md §2.3); the platform
-# parses the raw body. Sending the same keeps us byte-compatible with what it accepts.
+# The reference's form content type over JSON text, which the platform accepts
+# (docs/protocol.md §2.3).
 REPORT_CONTENT_TYPE = "application/x-www-form-urlencoded"
-# Bytes of a report's (or a stream chunk's) answer body kept: enough for an error text in a
-# log line, nothing a worker acts on.
+# Of a report's answer body: enough for an error text in a log line.
 REPORT_ANSWER_KEEP = 4096
 
 
@@ -63,14 +55,9 @@ def report_attempt_bound(timings: Timings, size: int) -> float:
 
 
 def job_path_segment(job_id: str) -> str:
-    """*job_id* as one URL path segment: every byte but ``A-Z a-z 0-9 - . _ ~`` percent-encoded.
-
-    So ``a?x=1``, ``a#b`` or ``a&isStream=true`` cannot end the path early and land on job
-    ``a``, ``w/x`` stays one segment, and ``a b`` or ``café`` become ASCII that any HTTP head
-    can carry (docs/protocol.md §2.3). The ids the platform issues use only unescaped
-    characters, so their URLs are byte for byte the reference's. Never raises: a lone
-    surrogate (which a take never admits, docs/protocol.md §2.1) is encoded as its bytes.
-    """
+    """*job_id* as one URL path segment: every byte but ``A-Z a-z 0-9 - . _ ~``
+    percent-encoded (docs/protocol.md §2.3). Never raises: a lone surrogate is encoded as
+    its bytes."""
     if _UNRESERVED.fullmatch(job_id):
         return job_id  # every id the platform issues: nothing to encode (and no quote())
     return quote(job_id, safe="", errors="surrogatepass")
@@ -106,20 +93,17 @@ class PlatformClient:
             # The take's first answer shows what the platform is before a chunk goes.
             servers=ServerKinds(),
         )
-        # A take and a stop poll at a time, and the fitness check's one request.
+        # A take and a stop poll at a time, and the fitness check's request.
         self.polls = backend(headers, max_connections=4)
-        # A report's answer matters by its status (and Retry-After) alone: of its body only
-        # a little is kept, so a round of pipelined chunks holds little however large the
-        # platform's answers (docs/protocol.md §2.4).
+        # A report's answer matters by its status alone: little of its body is kept
+        # (docs/protocol.md §2.0, "Bounds").
         self._reports = backend(
             {**headers, "Content-Type": REPORT_CONTENT_TYPE}, keep_body=REPORT_ANSWER_KEEP
         )
         if wrap_backend is not None:
             self.polls, self._reports = wrap_backend(self.polls), wrap_backend(self._reports)
-        # Stream chunks are pipelined until the platform cannot take them (docs/protocol.md §2.4).
-        self._pipelining = True
-        # Each route's URL built once from the config's templates: a take fills in only
-        # its count, a report only its job's id (docs/protocol.md §2.1, §2.3).
+        self._pipelining = True  # until the platform cannot take it (docs/protocol.md §2.4)
+        # Each route's URL built once: a take fills in its count, a report its job's id.
         take, batch = config.take_url, config.batch_take_url
         self._take = (
             {} if take is None else {f: with_query(take, f"job_in_progress={f}") for f in "01"}
@@ -133,8 +117,8 @@ class PlatformClient:
         return f"<PlatformClient polls={self.polls!r} reports={self._reports!r}, {pipelining}>"
 
     async def aclose(self) -> None:
-        # Each backend closes its own connections even when cancelled; this only makes
-        # sure the second is closed when closing the first raised.
+        # Each backend closes its connections even when cancelled; the second is closed
+        # even when closing the first raised.
         try:
             await self.polls.aclose()
         finally:
@@ -151,12 +135,11 @@ class PlatformClient:
         return f"{self._batch_take}{count}&job_in_progress={flag}"
 
     async def take(self, count: int, *, in_progress: bool) -> TakeResponse:
-        """One take long-poll for up to *count* jobs.
+        """One take long-poll for up to *count* jobs (204 and 400 are "no job").
 
         Raises:
             RateLimited: on 429.
-            PlatformError: on any other status but 2xx, 204 and 400 (400 is how the
-                platform says "no job" under FlashBoot).
+            PlatformError: on any other status but 2xx, 204 and 400.
             TransportError: when the platform cannot be reached.
         """
         route = "take" if count == 1 else "take_batch"
@@ -215,23 +198,17 @@ class PlatformClient:
     async def post(
         self, requests: list[tuple[str, bytes]], outcome: ReportOutcome | None = None
     ) -> list[HttpResponse]:
-        """One attempt at every ``(url, body)`` POST (a report; several are stream chunks,
-        pipelined on one connection) within the attempt's bound, grown with the bodies'
-        size: the answers, in order, to a prefix of *requests*. Never raises for platform
-        trouble: what was not answered is the caller's to send again.
+        """One attempt at every ``(url, body)`` POST (several: stream chunks, pipelined)
+        within :func:`report_attempt_bound`: the answers, in order, to a prefix of
+        *requests*. Never raises for platform trouble: what was not answered is the
+        caller's to send again.
 
-        *outcome* (of a single report) counts the attempt and records how it went:
-        acknowledged (any 2xx), the status, the error (a transport error's text, or "no
-        answer within" the bound: one hung connection costs one attempt), and, on a 429 or
-        503, the ``Retry-After`` asked for, as parsed (None when absent or unreadable).
+        *outcome* (of a single report) counts the attempt and records how it went: any 2xx
+        acknowledges it; else the status or the error, and a 429's or 503's
+        ``Retry-After`` as parsed (None when absent or unreadable).
 
-        Several go out together only while pipelining is on (else none is sent). A
-        platform that answers part of a batch and then nothing within the bound does not
-        take pipelined requests (a proxy in the way, say): pipelining is then turned off
-        for good, with a warning, and chunks go one at a time. So it is, with one line,
-        when the client finds the platform cannot take them (:class:`PipeliningUnsupported`:
-        HTTP/1.0, answers delimited by the close, a proxy); then nothing behind the
-        answered prefix was sent.
+        Several are sent only while pipelining is on (else none is). A platform found
+        unable to take them turns it off for good (docs/protocol.md §2.4).
         """
         several = len(requests) > 1
         if several and not self._pipelining:
@@ -247,8 +224,7 @@ class PlatformClient:
                 log.info("stream chunks now go one request at a time: %s", exc)
                 return answers
             except AnswerTooLarge as exc:
-                # The answer's status is known; the exchange ends with it (the rest of its
-                # body was not read, so the connection is gone).
+                # Its status is known; the rest of its body, and the connection, are gone.
                 answers.append(_wire.answer_too_large(exc))
             except TransportError as exc:
                 error = f"{type(exc).__name__}: {exc}"
@@ -299,10 +275,7 @@ class ReportOutcome:
     retry_after: float | None = field(default=None, repr=False)
 
 
-# -- the take's answer (docs/protocol.md §2.1) ----------------------------------------------
-# Where the reference drops a job silently (a single job missing ``input``; a batch item
-# that crashes dispatch), an item with a usable ``id`` but a bad shape is *malformed*: its
-# job gets a clear error report instead of being lost (docs/protocol.md §8 item 5).
+# -- the take's answer (docs/protocol.md §2.1, §8 item 5) ---------------------------------
 
 MAX_JOB_ID_LENGTH = LIMITS.job_id
 
@@ -325,13 +298,8 @@ class TakeResponse:
 
 
 def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
-    """Interpret a 2xx take answer; non-2xx statuses are handled by the caller.
-
-    A JSON object is one job, a JSON array is a batch (also accepted on the single route),
-    ``null``, ``[]`` and an empty body are "no job". An answer that does not decode as a
-    whole is read item by item (:func:`~._wire.split_items`): one job's input never costs
-    another (docs/security.md).
-    """
+    """A 2xx take answer read into jobs (docs/protocol.md §2.1); one that does not decode
+    as a whole is read item by item, so one job's input never costs another."""
     if status == 204 or not body:
         return TakeResponse()
     if "json" not in content_type.lower():
@@ -352,15 +320,9 @@ def parse_take(status: int, content_type: str, body: bytes) -> TakeResponse:
 
 
 def id_problem(value: object) -> str | None:
-    """Why *value* cannot address a job on the platform, or None when it can.
-
-    A job id goes into the job-done and job-stream URLs percent-encoded as one path segment
-    (:meth:`PlatformClient.done_url`) and into the ping's ``job_id`` list, so it must be text
-    that survives the trip: a string, not empty, at most ``MAX_JOB_ID_LENGTH`` characters
-    (at most ~6 KiB once encoded, within any server's request line), and printable, which
-    also rules out control characters (a log line or a header could be forged with them)
-    and lone surrogates (no UTF-8 form, so no URL) (docs/protocol.md §2.1).
-    """
+    """Why *value* cannot address a job on the platform (docs/protocol.md §2.1, a usable
+    id), or None when it can. ``MAX_JOB_ID_LENGTH`` keeps an encoded id within any
+    server's request line."""
     if not isinstance(value, str):
         return f"the id is not a string but {type(value).__name__}"
     if not value:
@@ -394,10 +356,9 @@ def _preview(value: object, limit: int = 200) -> str:
 
 
 def _parse_items(body: bytes) -> TakeResponse:
-    """A take answer that did not decode as a whole, from the items :func:`~._wire.split_items`
-    found: each decoded one classified as any; one that does not decode is malformed when it
-    names a usable id (else it is lost, and said so); when the structure broke, every id
-    read, before the break and after it, is failed."""
+    """A take answer that did not decode as a whole, item by item: one that does not decode
+    is malformed when it names a usable id (else lost, and said so); when the structure
+    broke, every id read, before the break and after it, is failed."""
     found = _wire.split_items(body)
     out = TakeResponse()
     lost: list[str] = []
@@ -425,9 +386,9 @@ def _usable(ids: list[str]) -> list[str]:
 
 
 def parse_oversized_take(size: int, limit: int, head: bytes) -> TakeResponse:
-    """A 2xx take answer of *size* bytes refused for being over *limit*, of which *head*
-    (its first bytes) was read: the jobs named there are failed as too large, and the
-    loss of any other is logged (ERROR) with what is known."""
+    """A 2xx take answer of *size* bytes, over *limit*, of which *head* was read: the jobs
+    named there are failed as too large, the loss of any other logged (docs/protocol.md
+    §2.0, "Bounds")."""
     ids = _usable(_wire.id_strings(head.decode("utf-8", errors="replace")))
     reason = f"input too large: its take answer has {size} bytes, over the {limit}-byte bound"
     if ids:
