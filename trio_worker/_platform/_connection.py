@@ -1,24 +1,11 @@
-"""One kept-alive HTTP/1.1 connection of the worker's client, and the one answer parser.
+"""One kept-alive HTTP/1.1 connection, and the one answer parser: llhttp (httptools), each
+read fed to it whole, held to h11's verdict and the client's bounds (docs/protocol.md
+§2.0, "Parsing" and "Bounds").
 
-A connection is in one of three phases:
-
-- ``IDLE``: in the pool, no request on it. It is taken for a request only when it is
-  *quiet*: no byte waits on its socket (:attr:`Connection.is_quiet`, the pool's
-  :class:`~._http.QuietProbe`: the check httpcore makes before reusing a connection). A
-  byte on an idle connection is an answer nobody asked for, or the server's close: the
-  connection is closed, never read.
-- ``EXCHANGING``: one request, or one pipelined round, written, its answers being read.
-- ``CLOSED``: closed by us (after a failure, a cancellation, an answer that ended it, or
-  anything unasked-for); never used again.
-
-Answers are parsed by llhttp (httptools), the parser of Node.js and uvicorn, in its strict
-defaults, and by nothing else: each read goes to it whole, and its callbacks build the
-answers. On top of it, this module keeps the client's bounds (the head, the field count,
-the body), the one transfer coding the client reads (chunked), refuses a 101 and a 1xx
-that frames a body, and what h11 rejects and llhttp lets by (docs/protocol.md §2.0). A
-connection that carried earlier requests and answers nothing to a new one is *stale* (the
-server closed it while idle): the request goes again on a fresh one (nothing of it was
-processed).
+Its phase: ``IDLE`` in the pool (reused only when quiet), ``EXCHANGING`` (one request or
+one pipelined round written, its answers being read), ``CLOSED`` for good. A reused
+connection that answers nothing is *stale* (the server closed it while idle): nothing of
+the request was processed, so it goes again on a fresh one.
 """
 
 from __future__ import annotations
@@ -43,8 +30,7 @@ if TYPE_CHECKING:
 RECEIVE_SIZE: Final = 65536
 MAX_HEADER_BYTES: Final = 64 * 1024  # one response head, interim answers included
 MAX_HEADER_COUNT: Final = 128  # header fields in one response head
-# The reads of a round kept since the last one that began between two answers: where a
-# 204 that declared a body ends is found in them (Connection._past_declared_body).
+# A round's reads kept since one began between two answers (_past_declared_body).
 _REPLAY_BYTES: Final = 2 * RECEIVE_SIZE
 
 
@@ -386,16 +372,10 @@ class Connection:
     # -- a 204 or 304 that declared a body, mid-round -------------------------------------
 
     async def _past_declared_body(self) -> bytes | bytearray:
-        """llhttp failed on what followed a 204 or 304 that declared a body, with answers
-        still due; the bytes to parse next.
-
-        RFC 9112 §6.3 says such an answer has no body, yet a server that says
-        Content-Length there may well have sent one. Which it did shows in the bytes after
-        its head: an answer starts with ``HTTP/``; anything else is taken as the declared
-        body and skipped, so the answers behind it are still read (the requests were
-        processed: sending them again would duplicate them), and the connection is closed
-        after the round. A declared chunked body is not guessed at.
-        """
+        """llhttp failed on what followed a 204 or 304 that declared a body, answers still
+        due: the bytes to parse next. Unless they start ``HTTP/`` they are taken as the
+        declared body and skipped, since the requests behind it were processed and sending
+        them again would duplicate them (docs/protocol.md §2.0, "Parsing")."""
         assert self._suspect is not None
         (completed, headers), self._suspect = self._suspect, None
         where = self.origin.where

@@ -1,29 +1,8 @@
-"""The worker's HTTP client: one pool, one entry point, llhttp reading every answer.
-
-The platform protocol is a handful of tiny requests to a few fixed URLs, and every job
-costs at least two of them; a general client's machinery per request is the worker's
-whole CPU budget (docs/benchmarks.md). :class:`HttpPool` carries every platform route
-(take, done, stream, stop, progress, the heartbeat's ping) through one entry point,
-:meth:`HttpPool.exchange`: a single request is an exchange of one, pipelined stream
-chunks an exchange of several. Its answers are read by :mod:`._connection`, on one reuse
-rule.
-
-The pool, as httpcore's: at most ``max_connections`` open connections, in use and idle
-together; a request that finds all of them in use waits for one (within its caller's
-deadline), and an idle connection to another origin is closed to make room. An idle
-connection is used again only when it is quiet (:class:`QuietProbe`: no byte waits on its
-socket) and has been idle for at most ``keepalive_expiry`` (a server closes idle
-connections on a timeout of its own; an older one is closed instead). One deadline per
-request: the caller's cancel scope bounds the whole of it (connect, write, every byte of
-the answer), never a timeout per read; the connect alone also has its own bound,
-``connect_timeout``. A request cancelled mid-flight closes its connection, so
-cancellation never leaks a slot (encode/httpcore#1093).
-
-With a proxy variable set, :func:`make_backend` returns :class:`._proxy.ProxyRoutes`
-instead, which sends each origin direct (this pool) or through its proxy (httpx). Where
-connections come from is injectable: a :data:`StreamOpener` ``(host, port, tls) ->
-stream`` replaces the TCP/TLS connect, so tests and the virtual-time suite run this very
-client over in-memory streams to the fake platform (``trio_worker.testing``).
+"""The worker's own HTTP/1.1 client: one pool, one entry point for every route, its
+reuse rule, one deadline per request (docs/protocol.md §2.0; its CPU cost:
+docs/benchmarks.md). A request cancelled mid-flight closes its connection, so
+cancellation never leaks a slot (encode/httpcore#1093). A :data:`StreamOpener` replaces
+the TCP/TLS connect: tests run this very client over in-memory streams.
 """
 
 from __future__ import annotations
@@ -70,9 +49,7 @@ __all__ = [
 StreamOpener: TypeAlias = Callable[[str, int, bool], Awaitable[trio.abc.Stream]]
 
 MAX_CONNECTIONS = 100  # httpcore's default
-# aiohttp's default, which the reference SDK runs with: shorter than the idle timeouts
-# servers commonly use, long enough for a worker whose jobs take seconds to keep its own.
-KEEPALIVE_EXPIRY = 15.0
+KEEPALIVE_EXPIRY = 15.0  # aiohttp's, the reference's: within servers' idle timeouts
 
 
 #: Wraps a backend (the virtual-time suite records every request the worker makes).
@@ -89,12 +66,9 @@ def make_backend(
     keep_body: int | None = None,
     servers: ServerKinds | None = None,
 ) -> HttpBackend:
-    """The pool; with a proxy variable set, one that routes each origin direct (the pool)
-    or through its proxy (httpx), by :func:`trio_worker._proxies.proxy_for`.
-
-    An injected *open_stream* wins over a proxy variable: the streams it opens are the
-    network. *keep_body*: bytes of each answer's body kept (the rest read and dropped).
-    *servers*: what the origins' answers showed, shared by the clients of one worker.
+    """The pool; with a proxy variable set, :class:`._proxy.ProxyRoutes` over it. An
+    injected *open_stream* wins over a proxy variable: its streams are the network.
+    *keep_body*, *servers*: as :class:`HttpPool`'s.
     """
     check_headers(headers)  # for httpx too: its errors would quote the API key
     env = os.environ if environ is None else environ
@@ -114,10 +88,9 @@ def make_backend(
 
 
 class ServerKinds:
-    """What each origin's answers showed of its server: a persistent HTTP/1.1 one
-    (pipelined requests are safe), or not (HTTP/1.0, or an answer delimited by the close:
-    never pipelined to). Shared by a worker's clients, so the take's first answer tells the
-    stream chunks' client what the platform is before any chunk goes."""
+    """What each origin's answers showed: a persistent HTTP/1.1 server (pipelined to) or
+    not (docs/protocol.md §2.4). Shared by a worker's clients, so the take's first answer
+    tells the stream chunks' client before any chunk goes."""
 
     def __init__(self) -> None:
         self._persistent: set[Origin] = set()
@@ -164,14 +137,13 @@ class HttpPool:
         keep_body: int | None = None,
         servers: ServerKinds | None = None,
     ) -> None:
-        """*keep_body*: bytes of each answer's body kept (see :meth:`exchange`), for a
-        client whose answers matter by their status only. *servers*: what the origins'
-        answers showed, shared with the worker's other clients (else this pool's own)."""
+        """*keep_body*: bytes of each answer's body kept (see :meth:`exchange`). *servers*:
+        shared with the worker's other clients (else this pool's own)."""
         check_headers(headers)
         self._static = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         self._origins: dict[str, Origin] = {}
-        # Take, stop, ping and a stream's chunk URLs repeat: each head is built once. A
-        # job's done URL is used once, so the cache is simply emptied when full.
+        # Take, stop, ping and chunk URLs repeat; a done URL is used once, so the cache
+        # is emptied when full.
         self._heads: dict[tuple[str, str], tuple[Origin, bytes]] = {}
         self._idle: dict[Origin, list[Connection]] = {}
         self._idle_count = 0
@@ -206,21 +178,13 @@ class HttpPool:
         max_body: int = MAX_ANSWER_BYTES,
         keep_body: int | None = None,
     ) -> list[HttpResponse]:
-        """Send every ``(url, body)`` request (on one connection; several are written at
-        once, HTTP/1.1 pipelining), then read the answers in order, appending each to
-        *answers* (a new list when None) as it is read; the answers.
+        """Send every ``(url, body)`` request on one connection (several: pipelined, once
+        the origin has shown itself persistent) and append each answer to *answers* (a new
+        list when None) as it is read; the answers.
 
-        The URLs may differ (the stream routes of several jobs) but share one origin. Of
-        each answer's body only its first *keep_body* bytes are kept (by default, the
-        pool's own *keep_body*, else all of it): the rest is read and dropped, so a round
-        holds its requests, one read, and at most *keep_body* bytes per answer, however
-        large the answers. *answers* may be the caller's, so a caller whose deadline cut
-        the reading still knows which requests were answered: the rest may or may not
-        have been processed, as for a single request whose answer never came.
-
-        Several requests share a write only once the origin has answered as a persistent
-        HTTP/1.1 server does (any earlier answer of the worker's clients counts): until
-        then the first goes alone, and the rest follow once its answer has shown it.
+        The URLs share one origin. Of each body only the first *keep_body* bytes are kept
+        (default: the pool's, else all), the rest read and dropped. *answers* may be the
+        caller's, so a caller whose deadline cut the reading knows which were answered.
 
         Raises:
             TransportError: for any failure below HTTP, an answer over *max_body* bytes of
@@ -235,8 +199,8 @@ class HttpPool:
             answers = []
         if method in ("HEAD", "CONNECT"):
             raise ValueError(f"the platform's client does not send {method} requests")
-        # The stream yields only when it has to wait (._network): a request whose deadline
-        # passed before it started must not go out.
+        # The stream yields only when it must wait (._network): a request past its
+        # deadline must not go out.
         await trio.lowlevel.checkpoint_if_cancelled()
         heads = self._heads
         if len(requests) == 1:
@@ -260,10 +224,8 @@ class HttpPool:
         keep = max_body if keep is None else min(keep, max_body)
         sent = 0
         while sent < len(wires):
-            # Until the origin has answered as a persistent HTTP/1.1 server does, a write
-            # carries one request. One that is not (HTTP/1.0, answers delimited by the
-            # close) would process what else a write put in its buffer and answer none of
-            # it, and each request sent again would be processed twice.
+            # One request a write until the origin has shown itself persistent: another
+            # would process the rest of a write unanswered (docs/protocol.md §2.4).
             count = len(wires) - sent
             if count > 1 and not self._servers.pipelines(origin):
                 count = 1
@@ -330,15 +292,14 @@ class HttpPool:
             await slots.acquire()
         try:
             connection = await self._connection(origin)
-            # Connection.aclose closes the stream even when cancelled (it only raises
-            # afterwards), so no connection outlives a failed or cancelled request.
+            # aclose closes the stream even when cancelled: no connection outlives a
+            # failed or cancelled request.
             try:
                 reusable = await connection.exchange(
                     wire, method, requests, answers, max_body, keep
                 )
             except StaleConnection:
-                # The server closed it while it sat idle; nothing was processed, so the
-                # request goes again on a fresh connection.
+                # Closed while idle, nothing processed: again on a fresh connection.
                 await connection.aclose()
                 return False
             except BaseException:
@@ -371,8 +332,7 @@ class HttpPool:
                         self._idle_count -= 1
                         await idle.pop(0).aclose()
                     return connection
-                # Expired, or a byte on it: an answer nobody asked for (or the server's
-                # close), never read as the next request's answer.
+                # Expired, or a byte on it (docs/protocol.md §2.0, "Reuse only when quiet").
                 await connection.aclose()
         while self._idle_count and self._idle_count + self._in_use() > self.max_connections:
             await self._close_oldest_idle()
@@ -398,7 +358,7 @@ class HttpPool:
     @property
     def ssl_context(self) -> ssl.SSLContext:
         """The TLS context of its connections: the process's one trust store unless one
-        was given (built on first use: most workers never need one)."""
+        was given (built on first use)."""
         if self._ssl is None:
             self._ssl = trust_context()
         return self._ssl
@@ -423,9 +383,8 @@ def _raw_socket(stream: trio.abc.Stream) -> socket.socket | trio.socket.SocketTy
 
 
 class QuietProbe:
-    """httpcore's ``is_socket_readable`` for the socket under a stream: a zero-timeout poll
-    of it, registered once (the check runs before every reuse). A stream without a socket
-    (an in-memory one) cannot be asked, and is taken as quiet."""
+    """httpcore's ``is_socket_readable`` for the socket under a stream, registered once. A
+    stream without a socket (an in-memory one) is taken as quiet."""
 
     __slots__ = ("_poller", "_sock")
 
