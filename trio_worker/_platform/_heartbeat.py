@@ -1,23 +1,8 @@
-"""The heartbeat: a ping every ``RUNPOD_PING_INTERVAL`` with the held job ids.
-
-See docs/protocol.md §2.6.
-
-It runs in a daemon thread of its own, not in the event loop, so a handler that blocks the
-loop does not silence it, and not in a second process, so it can never outlive the worker
-and report a dead worker as alive (docs/protocol.md §8 item 16). The thread runs a trio
-loop of its own that drives the worker's one HTTP client (:func:`~._http.make_backend`: the
-pool, or httpx behind a proxy) on a connection of its own, so a ping is read by the
-same parser, under the same reuse rule, as every other request.
-
-Each ping has one deadline for the whole of it (connect, write, the whole answer): the
-moment the next ping is due. An answer that drips a byte at a time is cut there, and the
-next ping goes out on time (a timeout per read would let it hold the heartbeat for as long
-as the bytes keep coming). The cadence is fixed-rate (each ping is due one interval after
-the previous one was due), so a slow ping does not stretch the gap (item 18). The held ids
-are read from the ledger's snapshot tuple, which the event loop replaces atomically, so no
-lock is needed. Nothing ends the thread but :meth:`HeartbeatThread.stop`.
-
-For the virtual-time suite, :func:`heartbeat_task` runs the same pings as a trio task.
+"""The heartbeat: a ping every ``RUNPOD_PING_INTERVAL`` with the held job ids, from a
+daemon thread on a trio loop of its own (docs/protocol.md §2.6, docs/how-it-works.md "The
+heartbeat"); :func:`heartbeat_task` runs the same pings as a trio task, in virtual time.
+The held ids come from the ledger's snapshot tuple, which the event loop replaces
+atomically, so no lock is needed.
 """
 
 from __future__ import annotations
@@ -46,10 +31,7 @@ HeldIds = Callable[[], tuple[str, ...]]
 
 
 def ping_url(template: str, held: tuple[str, ...]) -> str:
-    """The ping URL: the template's own query (``?gpu=...``) kept, ours appended.
-
-    httpx's ``params=`` would replace the template's query instead of adding to it.
-    """
+    """The ping URL: the template's own query (``?gpu=...``) kept, ours appended."""
     return with_query(template, urlencode(ping_params(held)))
 
 
@@ -62,13 +44,8 @@ def ping_params(held: tuple[str, ...]) -> dict[str, str]:
 
 
 class PingUrls:
-    """Each ping's URL, at most *limit* bytes long (docs/protocol.md §2.6).
-
-    With more held ids than fit, each ping lists as many as fit, starting where the
-    previous one stopped, so every held job is listed every few pings; one warning per
-    episode says so. Before this bound a URL past httpx's 64 KiB limit failed every ping,
-    and the silent worker's jobs were handed to others.
-    """
+    """Each ping's URL, at most *limit* bytes long: past it, the held ids take turns
+    (docs/protocol.md §2.6, "Length"), with one warning per episode."""
 
     def __init__(self, template: str, limit: int = MAX_PING_URL_BYTES) -> None:
         self._template = template
@@ -189,8 +166,7 @@ class HeartbeatThread:
         cancel = self._cancel
         if cancel is not None:
             cancel()
-        # A hung ping must not delay the exit: the thread is a daemon, it ends with the
-        # process.
+        # A hung ping must not delay the exit: a daemon thread ends with the process.
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=0.1)
 

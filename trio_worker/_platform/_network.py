@@ -1,32 +1,14 @@
-"""The network under the pool: TCP streams that yield only when they must, and TLS.
+"""The network under the pool: TCP streams that yield only when they must, and TLS with
+one trust store (docs/protocol.md §2.0, "TLS").
 
-``trio.SocketStream`` makes every send and receive a full checkpoint: a cancellation check
-before, and after an operation that did not need to wait, a trip through the scheduler,
-inside several layers of context managers. A platform request is a send that never waits
-and a receive that usually does, so half of those trips buy nothing (docs/benchmarks.md).
-:class:`LeanSocketStream` tries the operation on the non-blocking socket first and parks
-the task (``trio.lowlevel.wait_readable`` / ``wait_writable``, which are checkpoints) only
-when the socket is not ready. The exception is the first receive after a send: the answer
-needs the peer to run first, so that receive waits first. What keeps this safe:
-
-* every request waits for its answer (that first receive parks the task), and
-  :meth:`~._http.HttpPool.exchange` checks for a cancellation before it starts, so a
-  request's deadline is honoured;
-* a receive that fills the whole buffer (more may be waiting: a large answer arriving
-  faster than it is read) ends with a checkpoint, so no answer can keep other tasks from
-  running;
-* closing tells trio first (``notify_closing``), so a task parked on the socket wakes with
-  ``ClosedResourceError`` instead of waiting on a reused file descriptor.
-
-One trust store: :func:`trust_context` is built once per process and used by the pool, the
-httpx client (proxies) and the heartbeat thread, so a certificate the worker trusts for a
-take it also trusts for a ping. It is :func:`ssl.create_default_context`, so OpenSSL's own
-rules apply: ``SSL_CERT_FILE`` and ``SSL_CERT_DIR`` when set, else the system's store. Only
-when OpenSSL finds no store at all (a slim image without ``ca-certificates`` and neither
-variable set) does it fall back to certifi's bundle, which httpx installs. A handshake is
-done inside the connect (:func:`open_tls_stream`), so it is bounded by the connect
-timeout, and its failure reads ``TLS handshake with HOST failed: <reason>`` instead of
-trio's lazy ``BrokenResourceError()`` on the first send.
+``trio.SocketStream`` makes every send and receive a full checkpoint; a platform request
+is a send that never waits and a receive that usually does, so half of those buy nothing
+(docs/benchmarks.md). :class:`LeanSocketStream` parks the task (a checkpoint) only when the
+socket is not ready, and the first receive after a send waits first. Still safe: every
+request waits for its answer and ``HttpPool.exchange`` checks for a cancellation first, so
+deadlines hold; a receive that fills the buffer ends with a checkpoint, so no answer
+starves other tasks; closing tells trio first (``notify_closing``), so a parked task wakes
+with ``ClosedResourceError`` rather than wait on a reused fd.
 """
 
 from __future__ import annotations
@@ -45,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class LeanSocketStream(trio.abc.Stream):
-    """A connected, non-blocking TCP socket as a trio stream (see the module doc)."""
+    """A connected, non-blocking TCP socket as a trio stream."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -99,9 +81,8 @@ class LeanSocketStream(trio.abc.Stream):
         self._receiving = True
         try:
             if self._answer_pending and sock.fileno() >= 0:
-                # Just sent: the answer cannot be here yet (it needs the peer to run), so a
-                # receive now would only find nothing (an exception and a system call).
-                # Wait for it first; the wait is the receive's checkpoint, as before.
+                # Just sent: the answer needs the peer to run first, so a receive now only
+                # costs an exception and a system call. The wait is the checkpoint.
                 self._answer_pending = False
                 await trio.lowlevel.wait_readable(sock)
             while True:
@@ -136,11 +117,11 @@ def _broken(sock: socket.socket, exc: OSError) -> BaseException:
 
 
 def make_trust_context() -> ssl.SSLContext:
-    """A verifying client context over the process's trust store (see the module doc)."""
+    """A verifying client context: OpenSSL's defaults (``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
+    the system's store), certifi's bundle only when OpenSSL finds none."""
     context = ssl.create_default_context()
     paths = ssl.get_default_verify_paths()
     if paths.cafile is None and paths.capath is None:
-        # No store anywhere OpenSSL looks (and no SSL_CERT_* variable naming one).
         import certifi
 
         context.load_verify_locations(cafile=certifi.where())

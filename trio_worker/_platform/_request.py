@@ -1,12 +1,5 @@
-"""What a request may hold, and the client's errors that name one: checked once, off the hot path.
-
-Every job has its own done and stream URL, so the client (:mod:`._http`) builds request
-heads by hand and caches them; what it needs only once per origin or per client is here:
-an origin parsed properly (scheme, host, port), the fixed headers checked, a target with
-characters no request line can hold percent-encoded, so a request on the wire is always
-one well-formed message (docs/protocol.md §2.0). And the client's errors off the hot path:
-an answer over a bound, which names the request it answers without its query; a stale
-kept-alive connection; an origin that cannot take pipelined requests.
+"""What a request may hold, checked once per origin or client, off the hot path, so a
+request on the wire is always one well-formed message; and the client's errors.
 """
 
 from __future__ import annotations
@@ -25,7 +18,8 @@ if TYPE_CHECKING:
 UNSAFE_TARGET = re.compile(r"[^\x21-\x7e]")
 _TARGET_SAFE = "/?#[]@!$&'()*+,;=:%~-._"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A control character but HTAB, or one outside latin-1.
+_HEADER_VALUE_BAD = re.compile(r"[^\t\x20-\x7e\x80-\xff]")
 
 
 class StaleConnection(Exception):
@@ -39,8 +33,8 @@ class PipeliningUnsupported(TransportError):
 
 
 class Origin(NamedTuple):
-    """Where a request goes, parsed once by :func:`parse_origin`: a tuple, so the pool's
-    dict lookups hash it, and read the fields every request needs, at C speed."""
+    """Where a request goes, parsed once by :func:`parse_origin`: a tuple, hashed and read
+    at C speed by the pool."""
 
     scheme: str
     host: str
@@ -76,8 +70,8 @@ def safe_target(target: str) -> str:
 
 
 def check_headers(headers: Mapping[str, str]) -> None:
-    """Refuse fixed headers that cannot be sent: a value with a line break would forge
-    headers, and httpx would put the value itself (the API key) in its error message.
+    """Refuse fixed headers that cannot be sent (docs/protocol.md §2.0, "Request headers"),
+    before httpx could quote the value (the API key) in its error.
 
     Raises:
         ConfigurationError: naming the header, never its value (it may be the API key).
@@ -85,19 +79,11 @@ def check_headers(headers: Mapping[str, str]) -> None:
     for name, value in headers.items():
         if not _HEADER_NAME.fullmatch(name):
             raise ConfigurationError(f"{name!r} is not a valid HTTP header name")
-        if _HEADER_VALUE_BAD.search(value) or not _latin1(value):
+        if _HEADER_VALUE_BAD.search(value):
             raise ConfigurationError(
                 f"the {name} header's value holds a control character or a character "
                 "outside latin-1, and cannot be sent"
             )
-
-
-def _latin1(text: str) -> bool:
-    try:
-        text.encode("latin-1")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def size_text(count: int) -> str:
@@ -115,9 +101,8 @@ def too_large(
     parts: Sequence[bytes | bytearray] = (),
 ) -> AnswerTooLarge:
     """The error of an answer of *size* bytes of body (declared, or read so far) over
-    *max_body*, to *request* (``"METHOD URL"``). It carries the first bytes read (*parts*,
-    at most ``Limits.answer_head``), so the ids at the head of a refused take answer are
-    still failed (docs/security.md)."""
+    *max_body*, to *request* (``"METHOD URL"``), carrying its first bytes (*parts*, at most
+    ``Limits.answer_head``): the ids at the head of a refused take answer are still failed."""
     where = request.partition("?")[0]  # the query is nobody's business in a log line
     kept, room = [], LIMITS.answer_head  # not a copy of the whole answer: its head
     for part in parts:

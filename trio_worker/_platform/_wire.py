@@ -1,14 +1,8 @@
-"""Reading the platform's answers where a job's path does not go (docs/protocol.md §2.1,
-§2.2, §2.3, §2.5): the stop answer, the pause a 429 or 503 asks for, a report's answer too
-large to read, and a take answer ``json.loads`` refused or that was too large to read whole.
-
-No I/O. A take answer is parsed by the client (:func:`~._client.parse_take`), which decodes
-it whole; only when it does not decode are its items split here, each decoded on its own
-where it starts, and one that does not decode is skipped by a scan that does not recurse
-(:func:`_skip_value`): a job nested 5,000 deep once made the whole batch raise
-``RecursionError``, and every job in it was dropped. What this module finds is text: the
-decoded items and the id strings the rest names (:func:`id_strings`); which of them are
-jobs, and which ids are usable, the client's rules decide (docs/protocol.md §8 item 5).
+"""The platform's answers off a job's path, no I/O: the stop answer, ``Retry-After``, a
+report's answer too large to read, and a take answer that does not decode as a whole,
+split into items here with a scan that does not recurse, so one deeply nested job cannot
+cost the others. What it finds is text; which items are jobs, and which ids usable, is
+the client's rule (docs/protocol.md §2.1).
 """
 
 from __future__ import annotations
@@ -43,10 +37,8 @@ class Items(NamedTuple):
 
 
 def split_items(body: bytes) -> Items:
-    """The items of a take answer that did not decode as a whole (a JSON object is one
-    item, an array holds them), each decoded where it starts (``raw_decode``, at C speed);
-    only an item that does not decode is walked by the token scan, to find its end and
-    its ids."""
+    """The items of a take answer that did not decode as a whole, each decoded where it
+    starts (``raw_decode``); only one that does not decode is walked by the token scan."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -188,27 +180,23 @@ def parse_stop(content_type: str, body: bytes) -> tuple[list[str], str | None]:
 
 
 def answer_too_large(exc: AnswerTooLarge) -> HttpResponse:
-    """A report's answer whose body was over the bound, as what matters of it: its status,
-    known from its head (a 413 is refused for good, a 2xx acknowledges the report) and
-    its first bytes. Never its headers: a ``Retry-After`` on it is not waited for."""
+    """A report's answer whose body was over the bound, as its status and first bytes
+    (docs/protocol.md §2.0, "Bounds"); never its headers: its ``Retry-After`` is not
+    waited for."""
     return HttpResponse(exc.status, {}, exc.head)
 
 
 def asked_pause(response: HttpResponse) -> float | None:
-    """The ``Retry-After`` of a report's (or a stream chunk's) 429 or 503, as parsed: the
-    answers that ask a report to wait (docs/protocol.md §2.3). None for any other answer."""
+    """The ``Retry-After`` of a report's 429 or 503 (docs/protocol.md §2.3); None for any
+    other answer."""
     return retry_after(response) if response.status in (429, 503) else None
 
 
 def retry_after(response: HttpResponse) -> float | None:
-    """The wait an answer's ``Retry-After`` asks for, in seconds: the one parser of that
-    header for every route. Its floor, cap and jitter are applied in one place,
-    :func:`~trio_worker._pacing.rate_limit_wait`, for every route.
-
-    Delta-seconds (a fraction is taken too) or an HTTP date (one already past asks for
-    no wait). None when the header is absent or invalid: negative, not finite, garbage,
-    a date without a zone.
-    """
+    """The wait an answer's ``Retry-After`` asks for, in seconds, as asked (its floor, cap
+    and jitter are :func:`~trio_worker._pacing.rate_limit_wait`'s): delta-seconds (a
+    fraction too) or an HTTP date (one past asks for none). None when absent or invalid:
+    negative, not finite, garbage, a date without a zone."""
     raw = response.headers.get("retry-after")
     if raw is None:
         return None
