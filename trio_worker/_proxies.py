@@ -1,30 +1,7 @@
-"""Which proxy a connection goes through: the one reading of the proxy variables.
-
-Every part of the worker that opens a connection asks :func:`proxy_for` with the URL it
-is about to reach: the platform client (take, job-done, job-stream, progress, stop), the
-heartbeat, the fitness network check and its unhealthy ping. So they all agree, and a
-``NO_PROXY`` that sends the platform direct sends every one of them direct.
-
-The rules, the common ground of curl, requests and httpx (docs/reference.md, "Proxies"):
-
-- ``HTTPS_PROXY`` for an ``https`` URL, ``HTTP_PROXY`` for an ``http`` one, ``ALL_PROXY``
-  for either when the scheme's own is not set. The lower-case name wins over the
-  upper-case one when both are set (as urllib and httpx read them); an empty value is not
-  set. A value without a scheme (``proxy:3128``) is an ``http://`` proxy.
-- ``NO_PROXY`` (or ``no_proxy``): entries separated by commas or spaces. ``*`` sends every
-  host direct. A host name matches itself and every name under it (``example.com``,
-  ``.example.com`` and ``*.example.com`` all match ``api.example.com``); an IP address or a
-  CIDR block (``10.0.0.0/8``) matches the addresses in it; ``host:port`` only that port.
-- Loopback never goes through a proxy, whatever the variables say: ``localhost``, names
-  under ``.localhost``, ``127.0.0.0/8`` and ``::1`` are this machine, which a proxy cannot
-  reach on our behalf.
-- A proxy is ``http``, ``https`` (TLS to the proxy), ``socks5`` or ``socks5h``. SOCKS needs
-  the ``socks`` extra (``pip install 'trio_worker[socks]'``, httpx's own SOCKS support):
-  without it, or with any other scheme, the worker refuses to start with one line that
-  says what to do (:func:`check_proxies`), instead of failing every request.
-
-A proxy URL may carry credentials (``http://user:password@proxy:3128``); they are never
-written anywhere: :attr:`Proxy.shown` hides them.
+"""Which proxy a connection goes through: the one reading of the proxy variables, for
+every connection the worker makes, so a ``NO_PROXY`` that sends the platform direct sends
+all of them direct. The rules are docs/reference.md's, "Proxies". A proxy URL's
+credentials are never written anywhere (:attr:`Proxy.shown`).
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
-"""The client of a worker with proxy variables set: each origin direct, or through its proxy.
-
-:func:`trio_worker._proxies.proxy_for` decides, per origin (scheme, host and port), once:
-direct requests go on the pool (:class:`._http.HttpPool`) as in a worker with no proxy at
-all, pipelined stream chunks included; proxied ones on an httpx client for that proxy,
-the one client that knows how to use one. So ``NO_PROXY=api.runpod.ai`` keeps the
-platform's traffic on the pool while ``HTTPS_PROXY`` still serves what the handler
-downloads, and the platform's loopback twin in a local run is never proxied. This module
-is imported only with a proxy variable set, and httpx only once an origin needs a proxy
-(its start-up cost: docs/benchmarks.md).
-
-:class:`HttpxHttp` speaks the pool's :class:`._http.HttpBackend` and raises the package's
-:class:`~trio_worker.TransportError` for every failure below HTTP, so callers never see
-``httpx``. httpx is told its proxy; it reads no proxy variable itself (``trust_env``
-off), so the worker's one reading of them holds (docs/reference.md, "Proxies"). A proxy
-that wants credentials answers 407: the platform never saw the request, so it is a
-:class:`~trio_worker.TransportError` like any failure to reach it (a report is retried
-within its budget, never dropped as refused), and one line per proxy says what to fix,
-its credentials hidden.
-
-httpx logs a line per request at INFO on loggers that inherit the root logger's level, and
-an application that sets the root to INFO (``import runpod`` does) would get a line per
-take. The worker's own requests through httpx run under a context variable, and a filter
-on httpx's and httpcore's loggers drops their records below WARNING while it is set
-(never the user's own requests made beside them), unless the user set one of those
-loggers' levels: then the user asked for them.
+"""The client of a worker with proxy variables set: each origin direct (the pool, pipelining
+included) or through its proxy (httpx), as :func:`trio_worker._proxies.proxy_for` decides,
+once per origin (docs/reference.md, "Proxies"). Imported only with a proxy variable set,
+and httpx only once an origin needs a proxy (its start-up cost: docs/benchmarks.md).
+:class:`HttpxHttp` raises the package's ``TransportError`` for every failure below HTTP, a
+proxy's 407 included (the platform never saw the request), so callers never see httpx.
 """
 
 from __future__ import annotations
@@ -258,7 +238,10 @@ _own_request: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 class DropOwnRequests(logging.Filter):
-    """Drops the per-request records of the SDK's own requests (see the module docstring)."""
+    """Drops httpx's and httpcore's per-request records below WARNING of the SDK's own
+    requests (marked by a context variable, never the user's), unless the user set one of
+    those loggers' levels: an application that sets the root to INFO (``import runpod``
+    does) would get a line per take."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING or not _own_request.get():
