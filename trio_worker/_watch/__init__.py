@@ -1,19 +1,5 @@
-"""The crash watchdog: when the worker process dies, every job it held still learns why.
-
-See docs/design.md §13 and docs/how-it-works.md ("Two processes").
-
-* ``_records``: the take and settle records the worker writes, and the watchdog's ledger
-  of them. Imported by the lifecycle on every take, so it is tiny and imports nothing;
-  ``_finals``: the terminal bodies in flight, kept in memory the watchdog reads.
-* ``_watchdog``: the fork at ``start()``, and the exec of the watchdog both forms end in.
-* ``_fork_rules``: when forking at ``start()`` is not safe.
-* ``_launch``: the launcher (``trio-worker run``): the watchdog first, the handler file
-  its child; ``_launched``: that child's side, found and adopted at ``start()``.
-* ``_main``: the watchdog's program: signals, output, records, the worker's exit;
-  ``_imports``: where it imports the reporting code from.
-* ``_report``: the cause of a crash, its category, the job-done bodies and their delivery;
-  ``_oom``: the cgroup's OOM kill count.
-
+"""The crash watchdog: when the worker process dies, every job it held still learns why
+(docs/design.md §13; its modules: docs/how-it-works.md, "Two processes").
 :func:`watch_crashes` is the one call ``start()`` makes.
 """
 
@@ -90,8 +76,7 @@ def unwatched_reason(environ: Mapping[str, str]) -> str | None:
 
 
 def say_unwatched(reason: str, level: int = logging.WARNING) -> None:
-    """The one line saying the worker runs unwatched: shown at any ``RUNPOD_LOG_LEVEL``
-    (the logger's level is bypassed, its handlers and format kept), since a crash would
-    then lose the jobs the worker holds."""
+    """The one line saying the worker runs unwatched, shown at any ``RUNPOD_LOG_LEVEL``
+    (docs/design.md §13.1): the logger's level bypassed, its handlers kept."""
     record = log.makeRecord(log.name, level, __file__, 0, "crash watch off: %s", (reason,), None)
     log.handle(record)

@@ -1,23 +1,6 @@
-"""When ``python handler.py`` may fork its worker at ``start()`` (docs/design.md §13.1).
-
-Forking copies one thread and leaves the process's children with the parent, so the fork
-is refused, and the worker runs unwatched with one line saying why and naming the
-launcher (``trio-worker run``, which forks nothing after user code), when:
-
-* a **Python thread** besides the main one is running: it runs the user's code and may
-  hold a lock (a queue's, a library's) that would stay held for ever in the worker;
-* a **child process** exists (``subprocess.Popen`` of a server before ``start()``): after
-  the fork it is the watchdog's child, so the worker's ``Popen.poll()`` would say it exited;
-* a **GPU runtime** is initialized: CUDA is not fork-safe, and the watchdog would hold
-  device memory;
-* a **native thread survives the fork** (checked right after it, in the parent, before the
-  watchdog starts: the child is then told to exit). Native pools that handle fork stop
-  their threads in a ``pthread_atfork`` handler and start them again when next used
-  (OpenBLAS, which ``import numpy`` or ``import torch`` starts): those are fine. A thread
-  still running after the fork belongs to a library that did not stop it, and whether the
-  child can use that library cannot be seen from outside: GNU OpenMP's pool, once torch
-  ran a parallel operation, would hang the worker in its first parallel region. The fork
-  is not risked.
+"""When ``python handler.py`` may fork its worker at ``start()``: not with a Python thread, a
+child process or a GPU runtime already there, nor when a native thread survives the fork
+(docs/design.md §13.1, "When python handler.py may fork").
 """
 
 from __future__ import annotations
@@ -33,8 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["native_threads_left", "refusal_reason"]
 
-# A GPU runtime loaded in this process: forking it would leave the child a driver state it
-# cannot use (CUDA is not fork-safe), and the watchdog would hold GPU memory.
+# GPU runtimes, which are not fork-safe.
 _GPU_LIBRARIES = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so", "libze_loader.so")
 
 

@@ -1,19 +1,7 @@
-"""Where the watchdog imports from: the place the worker loaded the package from.
-
-See docs/design.md §13.1 ("Every install layout"). The watchdog runs as ``python -S``
-with the worker's ``sys.path`` given whole, and imports only its small loop while it
-waits (``BOOTSTRAP`` in ``_watchdog``). When a crash needs the reporting code, it
-imports the rest of the SDK and trio, so by then it must find them as the worker did:
-
-* the package itself from the very directory the worker loaded it from, whatever
-  ``sys.path`` says (an editable install, for one, is on no ``sys.path`` entry: a finder
-  installed by a ``.pth`` file maps it to the checkout);
-* its dependencies (trio, h11, httpx) through the worker's ``sys.path`` (``PYTHONPATH``
-  and the directories ``.pth`` files add are on it) and the import hooks of the
-  environment's ``.pth`` files, which ``-S`` skipped: ``site.main()`` runs them then, and
-  not before, so a waiting watchdog pays nothing for them.
-
-Nothing here imports beyond the standard library: it runs in the small watchdog.
+"""Where the watchdog imports the reporting code from at a crash: the package from the
+directory the worker loaded it from, its dependencies after the ``.pth`` files ``-S``
+skipped (docs/design.md §13.1, "Every install layout"). Standard library only: it runs
+in the small watchdog.
 """
 
 from __future__ import annotations

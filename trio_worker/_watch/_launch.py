@@ -1,21 +1,7 @@
 """The launcher: ``trio-worker run handler.py [args]``, ``python -m trio_worker handler.py``.
-
-See docs/design.md §13.1. It stands in front of the handler file the way tini or
-gunicorn's arbiter stands in front of a program: the watchdog starts first, and the file
-runs as its child in a fresh interpreter (``sys.executable handler.py args``). Nothing
-forks after user code has run, so whatever the file starts before ``start()`` (a server
-it ``Popen``s, threads, native pools, a GPU runtime) belongs to the worker, where it was
-started; ``python handler.py`` has to refuse the fork for those (``_fork_rules``).
-
-The child gets fds 1 and 2 as the output pipes the watchdog reads, and the other fds
-named in ``TRIO_WORKER_LAUNCHED`` (``_launched``); this process then execs the same small
-watchdog as the fork does (``_watchdog.exec_watchdog``), so the two forms share every
-line from there on: forwarding signals, passing output through, reaping, reporting.
-
-Where there is nothing to watch the file simply replaces the launcher (``execv``: same
-PID, its own exit status): ``TRIO_WORKER_CRASH_WATCH=0``, and the local modes
-(``--test_input``, ``--rp_serve_api``, ``--help``, no ``RUNPOD_WEBHOOK_GET_JOB``), whose
-crash is on the developer's screen, as with ``python handler.py``.
+The watchdog starts first and runs the file as its child, so nothing forks after user
+code; where there is nothing to watch, the file replaces it (docs/design.md §13.1, "The
+launcher").
 """
 
 from __future__ import annotations
@@ -77,8 +63,7 @@ def launch(handler_file: str, args: Sequence[str]) -> NoReturn:
             (os.POSIX_SPAWN_CLOSE, out),
             (os.POSIX_SPAWN_CLOSE, err),
         ],
-        # Its own process group: a terminal's Ctrl-C reaches the watchdog alone, which
-        # forwards it once (the worker would take two SIGINTs as "exit at once").
+        # Its own process group: a terminal's Ctrl-C reaches it once, through the watchdog.
         setpgroup=0,
         setsigmask=mask,
     )

@@ -1,19 +1,6 @@
-"""The handler file's side of the launcher, found and adopted at ``start()``.
-
-See docs/design.md §13.1. ``trio-worker run handler.py`` (``_launch``) starts the watchdog
-first and runs the file as its child, with the pipes and shared pages already made: fds 1
-and 2 are the output pipes the watchdog reads, and one environment variable,
-``TRIO_WORKER_LAUNCHED``, names the other inherited fds. ``start()`` adopts them instead
-of forking: the record pipe and its page (``_records``), the copy of the output its
-capture reads (``Feed``), and one more pipe that tells the watchdog what only ``start()``
-knows (``Timings``, ``capture_logs``, the log level), read after a crash.
-
-The variable is removed at once, and the fds made close-on-exec, so nothing this worker
-starts later takes them for its own. One that an earlier child inherited is refused: the
-watchdog it names is not that process's parent.
-
-In both forms the worker goes with its watchdog (:func:`die_with`). Imported by the
-watchdog too (:func:`read_options`), so its top imports nothing more.
+"""The handler file's side of the launcher: ``TRIO_WORKER_LAUNCHED`` found and its fds
+adopted at ``start()`` instead of forking (docs/design.md §13.1, "The launcher"). Imported
+by the watchdog too (:func:`read_options`), so its top imports nothing more.
 """
 
 from __future__ import annotations
@@ -38,8 +25,8 @@ __all__ = [
 ]
 
 ENV = "TRIO_WORKER_LAUNCHED"
-# Bumped when the fds or records change: a handler file running another copy of
-# trio_worker than the launcher's (vendored beside it) then forks its own watchdog.
+# Bumped when the fds or records change: a file running another copy of trio_worker
+# than the launcher's then forks its own watchdog.
 PROTOCOL = 3
 PR_SET_PDEATHSIG = 1
 
@@ -47,11 +34,8 @@ PR_SET_PDEATHSIG = 1
 class Watched:
     """What a watched worker keeps, in either form: the `Feed` its output capture reads
     (None when output is not teed), and the read end of the pipe its watchdog forwards
-    stop signals through (for ``_exit.ExitGuard``).
-
-    (A plain class: the watchdog imports this module, and ``dataclasses`` alone would
-    add more than a megabyte to it.)
-    """
+    stop signals through (for ``_exit.ExitGuard``). A plain class: the watchdog imports
+    this module, and ``dataclasses`` would weigh on its memory."""
 
     def __init__(self, feed: Feed | None, signals: int) -> None:
         self.feed = feed

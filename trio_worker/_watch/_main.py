@@ -1,27 +1,7 @@
-"""The crash watchdog's program: what PID 1 runs once the worker is started (docs/design.md §13).
-
-Started by ``_watchdog`` through ``execv`` (see ``BOOTSTRAP`` there), with the pipes and
-shared pages as inherited fds and the rest in one marshalled *spec*; ``spec["child"]`` is
-the worker, forked at ``start()`` or spawned by the launcher (``_launch``). While the
-worker lives it does four things, and imports little (its resident memory is the
-overhead the worker pays; see docs/design.md §13 for the figures):
-
-* forwards SIGTERM and SIGINT to the worker, through a pipe of their own so that the
-  worker can tell a forwarded signal from one it got directly (one signal delivered to
-  both processes drains once); SIGHUP drains it too, and SIGQUIT, SIGUSR1 and SIGUSR2
-  are passed on as they are, so no signal kills the watchdog and loses the held jobs;
-* passes the worker's fds 1/2 through (``Tee``), waking only when there is output;
-* reads the take and settle records, and the cgroup's OOM kill count, every
-  ``RECORD_POLL`` seconds, not per record, so a job costs it no wake-up: the record pipe
-  holds minutes of records;
-* reaps every child that exits, the worker's orphans included: as PID 1 it is their
-  parent, and a zombie nobody waits for stays in the process table (as tini does).
-
-When the worker is gone it reads what is left. Any exit that leaves jobs held is a death,
-whatever its status (a native ``_exit(0)`` included): the watchdog imports the SDK
-(``unstub``), resends every terminal body the worker had kept (``_finals``: the same
-bytes, never a different final) and reports ``WorkerCrashed`` for every other held job
-(``_report``).
+"""The crash watchdog's program, exec'd by ``_watchdog`` with one marshalled *spec*
+(``spec["child"]``: the worker). While the worker lives it forwards signals, passes the
+output through, reads the records and reaps; after a death it reports
+(docs/design.md §13.1, §13.4). It imports little: its memory is the worker's overhead.
 """
 
 from __future__ import annotations
@@ -44,8 +24,7 @@ if TYPE_CHECKING:
     from .._payloads import JobError
 
 RECORD_POLL = 0.25  # seconds between reads of the record pipe while the worker lives
-# Asked to stop: the worker drains (SIGHUP too: a terminal closed, or a supervisor's
-# reload, must not kill the watchdog and lose the held jobs).
+# Asked to stop: the worker drains (SIGHUP too, which would otherwise kill the watchdog).
 _DRAIN = {
     signal.SIGTERM: signal.SIGTERM,
     signal.SIGINT: signal.SIGINT,
@@ -160,8 +139,7 @@ class _Watchdog:
                 self.oom_count = oom_kills()
         selector.close()
         signal.set_wakeup_fd(-1)  # trio.run, if reports follow, sets its own
-        # From the death until the reports' own receiver is up, a stop signal is kept for
-        # it: forwarded to a dead worker, it would be lost.
+        # Until the reports' own receiver is up: forwarded to a dead worker, it would be lost.
         for signum in _DRAIN:
             signal.signal(signum, self._keep_signal)
         if self.tee is not None:
@@ -183,7 +161,7 @@ class _Watchdog:
                 return status
 
     def _take_worker_options(self) -> None:
-        # Launched, the options only start() knew come now (the fork form had them).
+        # Launched, what only start() knew comes now (the fork form had it).
         if "options" in self.spec:
             self.spec.update(read_options(self.spec["options"]))
             if self.spec["capture_logs"] != "on" and self.tee is not None:
@@ -267,9 +245,8 @@ class _Watchdog:
         self._report(code, crashed, finals)
 
     def _log_death(self, log: Any, code: int, how: str) -> None:
-        """A death with no job held (a load-balancing worker holds none): no report goes
-        out, so the log says why, once: the cause, its category and the redacted output
-        tail for a signal, which no Python code saw."""
+        """A death with no job held: the log says why, once (for a signal, which no Python
+        code saw, with its category and the redacted output tail)."""
         import logging
 
         if code >= 0:
@@ -290,9 +267,7 @@ class _Watchdog:
         )
 
     def _oom_killed(self, code: int) -> bool:
-        """Whether the kernel's OOM killer took the worker: a SIGKILL, and the cgroup's
-        count rose between the last reading before the death and now, or the kernel log
-        names the worker."""
+        """Whether the kernel's OOM killer took the worker (docs/design.md §13.4)."""
         if code != -signal.SIGKILL:
             return False
         from ._report import kernel_says_oom_killed

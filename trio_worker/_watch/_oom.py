@@ -1,10 +1,5 @@
-"""The kernel's count of OOM kills, read by the watchdog while the worker lives.
-
-A SIGKILL is labelled ``out_of_memory`` only when the cgroup's ``oom_kill`` count rose
-between the last reading before the death and the first after it (docs/design.md §13.4):
-an OOM kill earlier in the worker's life, of a child process say, must not label a later
-``kill -9``. So the watchdog reads the count every time it reads the records, and this
-module imports nothing heavy (no pathlib), since the watchdog stays small.
+"""The cgroup's OOM kill count, read by the watchdog with the records (docs/design.md §13.4).
+Nothing heavy imported (not even pathlib): the watchdog stays small.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Starting the crash watchdog: the fork at ``start()``, and the exec both forms end in.
-
-See docs/design.md §13.1 and docs/how-it-works.md ("Two processes"). The watchdog must be
-the process the user started (PID 1 under ``CMD``), so it cannot be the one that dies. It
-gets there one of two ways:
-
-* **the fork** (``python handler.py``): at ``start()``, before any thread, event loop or
-  GPU runtime of the SDK exists, this process forks; the child runs everything else,
-  initializer included, and the parent becomes the watchdog. When forking is not safe
-  (``_fork_rules``), the fork is refused, or undone before the child runs a line.
-* **the launcher** (``trio-worker run handler.py``, ``_launch``): the watchdog starts
-  first and runs the handler file as its child, so nothing forks after user code.
-
-Either way the watchdog then replaces itself (``execv``: same PID, same children) with a
-fresh, small interpreter running ``_main``. Without the exec it would keep the user's
-whole module state, and every page of it the worker later touches (a reference count is a
-write) would be copied: the watchdog would grow with the worker's imports, and a model
-loaded at import time would be held twice. After the exec it holds only what ``_main``
-imports. What it needs crosses the exec as inherited fds (the pipes, two shared memfds)
-and one marshalled argument.
+"""Starting the crash watchdog: the fork at ``start()``, and the exec both forms (fork and
+launcher) end in, which leaves a small fresh interpreter running ``_main`` rather than a
+copy of the user's process (docs/design.md §13.1).
 """
 
 from __future__ import annotations
@@ -64,10 +47,9 @@ TAIL_BYTES = 256 * 1024  # what the watchdog keeps of the output; reports clip t
 _CAP_SYS_NICE = 23  # the capability's bit in /proc/self/status's Cap* masks
 _GO, _UNDO = b"+", b"!"  # the parent's word to a forked child: run on, or exit at once
 
-# Run by the exec'd watchdog (``python -S -c BOOTSTRAP SPEC``). The packages on the way to
-# ``_main`` are entered as bare namespaces, so their ``__init__`` (the whole SDK, trio and
-# httpx) is not imported until a crash needs it (``_main.unstub``). -S: the worker's
-# sys.path is given whole, and the .pth files' import hooks wait for a crash (``_imports``).
+# ``python -S -c BOOTSTRAP SPEC``: the packages on the way to ``_main`` are bare
+# namespaces, so their ``__init__`` (the SDK, trio, httpx) waits for a crash
+# (``_main.unstub``), as do the .pth files' import hooks (``_imports``).
 BOOTSTRAP = """\
 import marshal, os, sys, types
 spec = marshal.loads(bytes.fromhex(sys.argv[1]))
@@ -88,12 +70,8 @@ class ForkRefused(Exception):
 @dataclasses.dataclass
 class WatchEnds:
     """The pipes and pages between a worker and its watchdog, made before the worker
-    exists (before the fork, or before the launcher spawns the handler file).
-
-    The launcher names the worker's ends in ``TRIO_WORKER_LAUNCHED`` (``_launch``) and the
-    file's ``start()`` takes them over (``_launched``): one more fd here is one more there,
-    and a new ``_launched.PROTOCOL``.
-    """
+    exists. One more fd here is one more in ``_launch`` and ``_launched``, and a new
+    ``_launched.PROTOCOL``."""
 
     tee: Tee | None
     feed: Feed | None
@@ -145,18 +123,16 @@ class WatchEnds:
 
 
 def fork_worker(settings: Settings, *, tee_output: bool, log_level: int) -> Watched:
-    """Fork; returns in the child (the worker): its `Feed` when output is teed, and the
-    pipe its stop signals are forwarded through.
-
-    The parent never returns: it becomes the watchdog, which exits with the child's status.
+    """Fork; returns in the child (the worker). The parent never returns: it becomes the
+    watchdog, which exits with the child's status.
 
     Raises:
         ForkRefused: in this process, the only one left, when a native thread survived
             the fork (``_fork_rules``): the child exited before running anything.
     """
     ends = WatchEnds.open(tee_output=tee_output)
-    # Everything the watchdog needs is ready before the fork, so that after it the parent
-    # only closes fds and execs: the worker waits for that (`_await_exec`).
+    # Ready before the fork: after it the parent only closes fds and execs, which the
+    # worker waits for (`_await_exec`).
     spec = ends.spec()
     spec.update(
         oom_before=oom_kills(),
@@ -258,10 +234,8 @@ def exec_watchdog(spec: dict[str, Any], exec_pending: int | None = None) -> NoRe
 
 
 def _start_at_low_priority(spec: dict[str, Any]) -> None:
-    # The watchdog's start (an interpreter's, docs/benchmarks.md) must not slow the worker's on a
-    # busy machine: it starts at a low priority and restores the original once waiting
-    # (_main). Only where it may: raising a priority back needs CAP_SYS_NICE or room in
-    # RLIMIT_NICE, and without them (Docker's default) it would stay low for life.
+    # Starts at nice +10 and restores its priority once waiting (_main), only where it
+    # may (docs/design.md §13.1, "Its start does not slow the worker's").
     try:
         original = os.getpriority(os.PRIO_PROCESS, 0)
         status = Path("/proc/self/status").read_text()
@@ -276,12 +250,9 @@ def _start_at_low_priority(spec: dict[str, Any]) -> None:
 
 def may_restore_priority(original: int, status: str, nice_limit: int, euid: int) -> bool:
     """Whether a process with this ``/proc/self/status`` and soft ``RLIMIT_NICE`` may, after
-    an exec, set its nice value back to *original* once it raised it.
-
-    RLIMIT_NICE lets any process go down to nice ``20 - limit``. CAP_SYS_NICE lets it go
-    anywhere, if it survives the exec: root keeps what its bounding set allows, another
-    user only its ambient capabilities.
-    """
+    an exec, set its nice value back to *original* once it raised it: RLIMIT_NICE allows
+    down to ``20 - limit``; CAP_SYS_NICE anywhere, if it survives the exec (root's bounding
+    set, another user's ambient set)."""
     if nice_limit == resource.RLIM_INFINITY or 20 - nice_limit <= original:
         return True
     masks: dict[str, int] = {}
@@ -298,8 +269,7 @@ def may_restore_priority(original: int, status: str, nice_limit: int, euid: int)
 
 
 def _become_worker(parent: int, ends: WatchEnds) -> None:
-    # Its own process group: a terminal's Ctrl-C reaches the watchdog alone, which
-    # forwards it once (the worker would take two SIGINTs as "exit at once").
+    # Its own process group: a terminal's Ctrl-C reaches it once, through the watchdog.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     die_with(parent)
