@@ -65,7 +65,7 @@ def test_takes_and_settles_give_the_held_jobs_in_order(pipe: tuple[int, int]) ->
     writer.write(records.READY, "")
     _drain(r, ledger)
     assert list(ledger.held) == ["a", 'd"\n']
-    assert ledger.settled == 1 and ledger.ready
+    assert ledger.ready
 
 
 def test_a_record_split_across_reads_is_applied_once_whole() -> None:

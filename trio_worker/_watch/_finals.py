@@ -1,27 +1,7 @@
-"""Terminal bodies kept where the watchdog can read them after the worker dies.
-
-See docs/design.md §13.2. A job must never get two *different* finals: once the worker
-has started to post a job's terminal report, the platform may have stored it, whatever
-the worker learns afterwards. So before the first attempt, the worker writes the exact
-body into memory it shares with the watchdog (:meth:`Finals.keep`); when the job leaves
-the ledger the body is dropped (:meth:`Finals.drop`). If the worker dies in between, the
-watchdog posts the same bytes to the same route (:func:`read_finals`): a result in flight
-at the death is delivered instead of lost, and an identical second body is harmless.
-
-Layout of the shared memfd (the record state's, ``_records``): the records' own words in
-the first page, then a directory of ``CAPACITY`` entries, then one region per entry,
-``STRIDE`` bytes apart (a sparse file: only the pages written take memory). An entry is
-``state, flags, id_len, body_len``; its region holds the id's bytes, then the body's.
-
-Why no torn entry is ever read: the worker writes the region with ``pwrite``, then the
-lengths, then the state word last, one aligned store. The watchdog reads only after the
-worker is dead, so it sees every completed store and nothing half-done counts as kept. A
-drop clears the state word first, then frees the memory.
-
-When no entry is free (more terminal reports in flight at once than ``CAPACITY``), or a
-body is larger than ``MAX_BODY``, :meth:`Finals.keep` returns False and the caller writes
-a settle record instead: the watchdog then sends nothing for that job, neither the body
-nor a different one.
+"""The terminal bodies in flight, kept in the memfd shared with the watchdog so that a job
+never gets two different finals: its layout, and why nothing torn is ever read, are in
+docs/design.md §13.2. An entry is ``state, flags, id_len, body_len``; its region, ``STRIDE``
+bytes apart in a sparse file, holds the id's bytes, then the body's.
 """
 
 from __future__ import annotations
@@ -79,13 +59,13 @@ class Finals:
             self._clear(index)
         key = job_id.encode(errors="surrogatepass")
         if len(body) > MAX_BODY or len(key) > MAX_BODY:
-            self._release(index)
+            self._free.append(index)
             self._entries.pop(job_id, None)
             return False
         try:
             os.pwrite(self._fd, key + body, _ARENA + index * STRIDE)
         except OSError:  # out of memory for the page cache: the caller falls back
-            self._release(index)
+            self._free.append(index)
             self._entries.pop(job_id, None)
             return False
         offset = _DIRECTORY + index * _ENTRY.size
@@ -101,7 +81,7 @@ class Finals:
         if index is None:
             return
         length = self._clear(index)
-        self._release(index)
+        self._free.append(index)
         if not self._entries:
             # Every region is free: give all their pages back at once.
             with contextlib.suppress(OSError):
@@ -119,9 +99,6 @@ class Finals:
             return None
         self._used += 1
         return self._used - 1
-
-    def _release(self, index: int) -> None:
-        self._free.append(index)
 
     def _clear(self, index: int) -> int:
         """Mark the entry free (state word first); the bytes its region held."""

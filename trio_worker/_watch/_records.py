@@ -1,30 +1,7 @@
-"""The take and settle records: how the watchdog knows which jobs the worker holds.
-
-See docs/design.md §13. The worker writes one line per change of its ledger to a pipe
-the watchdog reads: ``T <id>`` when a job is admitted, ``S <id>`` when it leaves the ledger
-(its report acknowledged or given up, the job stopped or released), ids hex-encoded, and
-``R`` once the initializer finished. Nothing else of a job passes through the watchdog, so
-it is on no job's path.
-
-The writes come from the event loop, so they never block: the pipe is ``O_NONBLOCK`` and
-a record that does not fit waits in a bounded buffer, sent ahead of the next one. If that
-buffer overflows (the watchdog stopped reading), the buffered records are dropped and the
-next record to get through is preceded by ``X``. Losing a record fails safe: at ``X`` the
-watchdog forgets every job it thought held, since any of them may have been settled in
-the lost records. A lost record can cost a crash report, never duplicate one: a second
-job-done could overwrite a result the caller already has.
-
-A worker can die with records still in its buffer, or before its ``X`` got through. So the
-writer also keeps, in a page of memory shared with the watchdog (``State``), whether it
-holds unsent records and how many times it dropped some; a watchdog whose pipe did not
-tell it everything forgets the held jobs (:meth:`Ledger.trust`).
-
-The same shared memory keeps the body of every terminal report in flight (``_finals``):
-:meth:`Records.final` before the first attempt, dropped by :meth:`Records.settle` *after*
-the settle record is written. So at any moment a job whose final may have reached the platform is
-either kept (the watchdog resends the same body) or settled (it sends nothing); only a
-held job with neither is reported ``WorkerCrashed``. A stop or a release is settled when it
-is requested, since the platform expects no report for it.
+"""The take and settle records (``T <id>``, ``S <id>``, ids in hex; ``R``: the initializer
+finished; ``X``: records were lost) through which the watchdog knows the held jobs, and
+the shared page that says whether the pipe told it everything (docs/design.md §13.2).
+A lost record fails safe: it can cost a crash report, never send a second one.
 """
 
 from __future__ import annotations
@@ -124,7 +101,6 @@ class Ledger:
     def __init__(self) -> None:
         self.held: dict[str, None] = {}
         self.ready = False  # the initializer finished
-        self.settled = 0
         self.lost = 0
         self._partial = b""
 
@@ -159,8 +135,8 @@ class Ledger:
             return
         if kind == TAKE:
             self.held[job_id] = None
-        elif kind == SETTLE and self.held.pop(job_id, 0) is None:
-            self.settled += 1
+        elif kind == SETTLE:
+            self.held.pop(job_id, None)
 
 
 class Records:

@@ -1,22 +1,6 @@
-"""The watchdog's report for each job a dead worker held (docs/design.md §13).
-
-The cause comes from what survives the worker: its wait status, the output tail the
-watchdog kept, and the kernel's own accounting of OOM kills. The category follows the
-rules of docs/error-categories.md (the "WorkerCrashed" rows):
-
-1. ``out_of_memory`` for SIGKILL when the kernel says it killed for memory: the cgroup's
-   ``memory.events`` counted an ``oom_kill`` since the worker started, or the kernel log
-   (``/dev/kmsg``, when readable) names the worker's pid;
-2. a CUDA line in the last output: whatever that line says (``cuda_error``, or
-   ``out_of_memory`` for "CUDA out of memory", as the table orders them);
-3. ``segfault`` for a fatal signal from native code (SIGSEGV, SIGBUS, SIGABRT, SIGILL,
-   SIGFPE);
-4. otherwise the usual rules on the output (``unknown`` when none matches).
-
-The bodies are built by the same builder as every other error (``Payloads.error``):
-redacted, clipped, under 64 KiB. They are posted with the worker's own delivery rules
-(``Delivery``: the budget, retries, ``Retry-After``) cut by the watchdog's grace, while a
-ping keeps listing the jobs still to report, as the worker's own pings did.
+"""The watchdog's report for each job a dead worker held: the cause, its category
+(docs/error-categories.md, "When the worker process dies"), the bodies (``Payloads.error``)
+and their delivery with the worker's own ``Delivery`` (docs/design.md §13.4).
 """
 
 from __future__ import annotations
@@ -96,18 +80,11 @@ async def report_held(
 ) -> dict[str, bool]:
     """Post every report, pinging with the ids still to report; ``{job_id: delivered}``.
 
-    *finals* are the terminal bodies the worker had started to post, ``{job_id: (body,
-    is_stream)}``: each goes again, the same bytes to the same route. Each job in *crashed*
-    is reported failed with ``crashed_error(job_id)``, built only when its turn comes. At most
-    ``REPORTS_AT_ONCE`` are in flight, so a worker that held a huge number of jobs costs
-    neither a connection nor a body each at once.
-
-    The reports get the worker's own rules under one deadline registry: its delivery budget,
-    cut by ``shutdown_grace`` from now. A SIGTERM, SIGINT or SIGHUP meanwhile cuts the
-    reports at once (each still gets ``report_deadline`` from its start, as the worker's
-    own); a second one calls *leave_now*, as a second signal ends the worker at once.
-    *early_signals*: those that came after the worker's death but before this run could
-    receive them (the watchdog's handlers keep them in this list); they count first.
+    *finals* ``{job_id: (body, is_stream)}`` go again as they were; each job in *crashed*
+    gets ``crashed_error(job_id)``, built when its turn comes. The worker's delivery rules,
+    cut by ``shutdown_grace`` from now; a stop signal cuts the reports, a second calls
+    *leave_now* (docs/design.md §13.4). *early_signals*: those that came between the death
+    and this run's receiver; they count first.
     """
     from .._delivery import Delivery
     from .._payloads import Payloads
