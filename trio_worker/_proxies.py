@@ -113,7 +113,8 @@ def direct(host: str, port: int, environ: Mapping[str, str]) -> bool:
     if host == "localhost" or host.endswith(".localhost") or _loopback(address):
         return True
     rule = environ.get("no_proxy") or environ.get("NO_PROXY") or ""
-    return any(_matches(entry, host, address, port) for entry in _entries(rule))
+    entries = rule.replace(",", " ").lower().split()
+    return any(_matches(entry, host, address, port) for entry in entries)
 
 
 def check_proxies(urls: Iterable[str], environ: Mapping[str, str]) -> None:
@@ -138,10 +139,6 @@ def check_proxies(urls: Iterable[str], environ: Mapping[str, str]) -> None:
                 f"{proxy.variable} is a SOCKS proxy ({proxy.shown}), which needs the socks "
                 f"extra: {SOCKS_INSTALL}"
             )
-
-
-def _entries(rule: str) -> list[str]:
-    return [entry for entry in rule.replace(",", " ").lower().split() if entry]
 
 
 def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

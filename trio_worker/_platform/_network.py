@@ -116,9 +116,11 @@ def _broken(sock: socket.socket, exc: OSError) -> BaseException:
     return trio.BrokenResourceError(f"socket error: {exc!r}")
 
 
-def make_trust_context() -> ssl.SSLContext:
-    """A verifying client context: OpenSSL's defaults (``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
-    the system's store), certifi's bundle only when OpenSSL finds none."""
+@functools.cache
+def trust_context() -> ssl.SSLContext:
+    """The one verifying context of every client of this process (an SSLContext is
+    thread-safe): OpenSSL's defaults (``SSL_CERT_FILE``, ``SSL_CERT_DIR``, the system's
+    store), certifi's bundle only when OpenSSL finds none."""
     context = ssl.create_default_context()
     paths = ssl.get_default_verify_paths()
     if paths.cafile is None and paths.capath is None:
@@ -126,12 +128,6 @@ def make_trust_context() -> ssl.SSLContext:
 
         context.load_verify_locations(cafile=certifi.where())
     return context
-
-
-@functools.cache
-def trust_context() -> ssl.SSLContext:
-    """The one context every client of this process uses (an SSLContext is thread-safe)."""
-    return make_trust_context()
 
 
 def tls_failure(host: str, exc: BaseException) -> TransportError:

@@ -80,13 +80,8 @@ def native_threads_left() -> int:
     except OSError:
         return 0
     for task in tasks:
-        try:
-            stat = Path(f"/proc/self/task/{task}/stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        # "tid (comm) S ...": the comm may hold spaces and parentheses; the state follows
-        # the last ")". Z and X: exited, only waiting to be released.
-        if stat.rpartition(")")[2].split()[:1] not in (["Z"], ["X"]):
+        # Z and X: exited, only waiting to be released; []: gone meanwhile.
+        if _stat_fields(f"/proc/self/task/{task}/stat")[:1] not in ([], ["Z"], ["X"]):
             alive += 1
     return max(alive - 1, 0)
 
@@ -110,15 +105,15 @@ def gpu_runtime() -> str | None:
 
 
 def _children_by_scan(pid: int) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            count += 1
-    return count
+    parent = [str(pid)]  # the ppid field
+    pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    return sum(_stat_fields(f"/proc/{other}/stat")[1:2] == parent for other in pids)
+
+
+def _stat_fields(path: str) -> list[str]:
+    """The fields of a ``/proc`` stat file after ``(comm)``, which may hold spaces and
+    parentheses (state, ppid, ...); [] when it cannot be read."""
+    try:
+        return Path(path).read_text().rpartition(")")[2].split()
+    except OSError:
+        return []
