@@ -107,18 +107,15 @@ class Pinger:
         except Exception as exc:
             log.warning("ping failed: %s: %s", type(exc).__name__, str(exc))
 
-    async def run(self, backend: HttpBackend, stopped: trio.Event | None = None) -> None:
+    async def run(self, backend: HttpBackend, stopped: trio.Event) -> None:
         """Ping at a fixed rate until cancelled, or until *stopped* is set (a ping in
         flight then ends first, within its deadline)."""
         due = trio.current_time()
-        while stopped is None or not stopped.is_set():
+        while not stopped.is_set():
             await self.ping_once(backend)
             due = max(due + self.interval, trio.current_time())  # fell behind: now
-            if stopped is None:
-                await trio.sleep_until(due)
-            else:
-                with trio.move_on_at(due):
-                    await stopped.wait()
+            with trio.move_on_at(due):
+                await stopped.wait()
 
 
 class HeartbeatThread:
@@ -216,4 +213,4 @@ class HeartbeatThread:
 
 async def heartbeat_task(client: HttpBackend, url: str, interval: float, held: HeldIds) -> None:
     """The same pings as :class:`HeartbeatThread`, as a trio task on trio's clock."""
-    await Pinger(url, interval, held).run(client)
+    await Pinger(url, interval, held).run(client, trio.Event())  # until cancelled

@@ -66,7 +66,7 @@ def find_launch() -> dict[str, Any] | None:
         why = "written by another version of trio_worker, or not by the launcher"
     elif launch.get("watchdog") != os.getppid():
         why = "the watchdog it names is not this process's parent"
-    elif not _names_open_fds(launch):
+    elif _launch_fds(launch) is None:
         why = "it does not name this process's open fds"
     else:
         return launch
@@ -74,26 +74,27 @@ def find_launch() -> dict[str, Any] | None:
     return None
 
 
-def _names_open_fds(launch: dict[str, Any]) -> bool:
+def _launch_fds(launch: dict[str, Any]) -> list[int] | None:
+    """Every fd *launch* names; None unless each is one of this process's open fds."""
     tee = launch.get("tee")
-    fds = [launch.get(key) for key in ("records", "state", "options", "signals")]
+    fds: list[Any] = [launch.get(key) for key in ("records", "state", "options", "signals")]
     if tee is not None:
         if not isinstance(tee, dict):
-            return False
+            return None
         copies, upstream = tee.get("copies"), tee.get("upstream")
         if not (isinstance(copies, list) and isinstance(upstream, list)):
-            return False
+            return None
         if len(copies) != 2 or len(upstream) != 2:
-            return False
+            return None
         fds += [*copies, *upstream, tee.get("seq")]
     for fd in fds:
         if not isinstance(fd, int) or isinstance(fd, bool):
-            return False
+            return None
         try:
             os.fstat(fd)
         except OSError:
-            return False
-    return True
+            return None
+    return fds
 
 
 def adopt_launch(
@@ -119,12 +120,9 @@ def adopt_launch(
     # What the file printed before start() reaches the watchdog now, as the fork form's
     # flush before its fork does: a crash report's tail then has it.
     flush_stdio()
-    tee = launch["tee"]
-    fds = [launch["records"], launch["state"], launch["options"], launch["signals"]]
-    if tee is not None:
-        fds += [*tee["copies"], *tee["upstream"], tee["seq"]]
-    for fd in fds:
+    for fd in _launch_fds(launch) or ():
         os.set_inheritable(fd, False)
+    tee = launch["tee"]
     feed = None
     if tee is not None:
         if tee_output:
