@@ -107,7 +107,7 @@ class _Watchdog:
         # Blocked since before the fork (_watchdog): what came meanwhile is delivered now.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, (*_DRAIN, *_PASS_ON))
         signal.signal(signal.SIGCHLD, self._child_exited)
-        if "priority" in self.spec:  # started low (see _watchdog._exec_watchdog)
+        if "priority" in self.spec:  # started low (_watchdog._start_at_low_priority)
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, 0, self.spec["priority"])
         selector = selectors.DefaultSelector()
