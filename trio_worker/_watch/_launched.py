@@ -120,7 +120,7 @@ def adopt_launch(
     # What the file printed before start() reaches the watchdog now, as the fork form's
     # flush before its fork does: a crash report's tail then has it.
     flush_stdio()
-    for fd in _launch_fds(launch) or ():
+    for fd in _launch_fds(launch) or ():  # nothing the worker starts may inherit them
         os.set_inheritable(fd, False)
     tee = launch["tee"]
     feed = None
