@@ -1,18 +1,5 @@
 """Python-level writes attributed to the job that made them, and a failed job's ``logs``
-(docs/design.md §8).
-
-The fd-level capture (``_fd``) cannot tell jobs apart: every task writes to the same fds 1
-and 2. Python-level writes can be attributed, because they happen in the job's own trio
-task, or in a thread that task started with ``trio.to_thread``, which runs in a copy of the
-task's context. So ``install_python_stream_attribution`` wraps ``sys.stdout`` and
-``sys.stderr`` once, with a wrapper that passes every write through untouched and, when
-``job_output`` (``_fd``, beside the mark every job takes at its start) has put a
-`JobOutput` in the current context, also appends a copy of the text to it.
-
-``logs_for_job`` puts a failed job's ``logs`` together from both. Redaction happens when
-text is read out, never on single writes, because a secret can be split over two writes
-(`JobOutput.redacted_text`, `OutputCapture.text_since`).
-"""
+(docs/how-it-works.md, "Output capture": per-job attribution)."""
 
 from __future__ import annotations
 
@@ -53,8 +40,8 @@ class _AttributingStream:
             self.write(line)
 
     def __getattr__(self, name: str) -> Any:
-        # fileno(), encoding, isatty(), flush(), buffer, reconfigure()... all belong to the
-        # real stream, so C-level users and subprocess keep seeing the real fd.
+        # fileno(), encoding, flush()...: the real stream's, so C-level users and
+        # subprocess keep seeing the real fd.
         if name == "_wrapped":  # not set yet (copy, pickle): don't recurse
             raise AttributeError(name)
         return getattr(self._wrapped, name)
@@ -63,8 +50,7 @@ class _AttributingStream:
 def install_python_stream_attribution() -> None:
     """Wrap sys.stdout and sys.stderr so writes inside `job_output` are attributed.
 
-    Idempotent. Writes pass through unchanged. Code that took a reference to the old
-    stream before this call (a ``logging.StreamHandler`` made earlier) bypasses the wrapper.
+    Idempotent. A reference to the old stream taken before this call bypasses the wrapper.
     """
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)

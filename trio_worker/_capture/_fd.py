@@ -1,28 +1,12 @@
-"""fd-level capture of stdout and stderr, and each job's part of it (docs/design.md §8;
-docs/how-it-works.md, "Output capture").
+"""fd-level capture of stdout and stderr, and each job's part of it (docs/how-it-works.md,
+"Output capture"; docs/design.md §8).
 
-`OutputCapture.install` points fds 1 and 2 at two pipes. One daemon reader thread writes
-every chunk in full to the saved fds (the container log still gets everything, in order per
-fd) and appends it to one byte ring, which so also sees what C extensions, CUDA and child
-processes write. Positions are byte counts since install: a job takes one as it starts
-(`OutputCapture.mark_nowait`) and enters `job_output`, which collects its own Python-level
-writes (``_attribution`` copies them there); both are read out only if the job fails.
-Text leaves only through `OutputCapture.text_since` and `JobOutput.redacted_text`, which
-redact before they cut the window (``redact_from``): a secret split over two writes is
-whole again, and ``EDGE_CONTEXT`` more is kept for one cut by the window's start.
-`OutputCapture.flush` makes a mark exact: it flushes Python and C stdio, then waits
-(bounded) until the ring holds what was written.
-
-Deadlock: a writer that holds the GIL while blocked in write(2) on a full pipe cannot be
-rescued by a reader that needs the GIL (minrk/wurlitzer#20). The pipes are grown to 1 MiB
-with F_SETPIPE_SZ, and the reader loop does little with the GIL held.
-
-Stopping never closes an fd the reader may be blocked on (the blocked read would fail with
-EBADF, and the fd number could be reused under it): fds 1/2 are restored, then the reader
-is woken through the control pipe, as wurlitzer does. It drains what is
-buffered and exits at EOF. A child process that still holds a write end keeps the reader
-forwarding its output in the background until it exits, so the child neither hangs
-``stop()`` nor dies of SIGPIPE (which closing the read end early would cause).
+A writer blocked in write(2) on a full pipe while holding the GIL cannot be rescued by a
+reader that needs the GIL (minrk/wurlitzer#20): hence the large pipes, and a reader loop
+that does little with the GIL held. Stopping never closes an fd the reader may be blocked
+on (the read would fail with EBADF, and the number could be reused under it), nor a read
+end a child still writes to (it would die of SIGPIPE): the reader is woken through the
+control pipe, as wurlitzer does, and drains to EOF.
 """
 
 from __future__ import annotations
@@ -192,12 +176,9 @@ class OutputCapture:
 
     def flush(self) -> None:
         """Flush Python and C stdio, then wait (at most 1 s) until the ring holds
-        everything written to fds 1/2 so far.
-
-        Everything so far is a count taken now (:meth:`_look`), never "until the pipes
-        are quiet": other jobs go on writing meanwhile. What reaches the capture's pipes
-        is moved on the calling thread (:meth:`_pump_ready`): waiting for the reader
-        thread cost a thread switch, and a switch of the GIL, per flush."""
+        everything written to fds 1/2 so far: a count taken now (:meth:`_look`), never
+        "until the pipes are quiet". What reaches the pipes is moved on this thread
+        (:meth:`_pump_ready`), sparing a thread switch and a GIL switch per flush."""
         flush_stdio()
         deadline = time.monotonic() + _FLUSH_TIMEOUT
         target = written = None
@@ -225,11 +206,8 @@ class OutputCapture:
         """One step towards a flush's target: ``(target, written)``, *target* being what
         ``_total`` reaches once the ring holds everything written when the flush began;
         None while the crash watchdog has not passed that on (*written*: how much that
-        was, once seen).
-
-        Unwatched: the ring and the capture's pipes, counted with no chunk in flight (the
-        pump lock). Watched: the watchdog's counts (:meth:`Feed.flush_target`).
-        """
+        was, once seen). Unwatched: the ring and the pipes, counted with no chunk in
+        flight (the pump lock); watched: :meth:`Feed.flush_target`."""
         if target is not None:
             return target, written
         feed = self._feed
@@ -376,8 +354,7 @@ class OutputCapture:
 
 DEFAULT_JOB_CHARS = 1 << 16
 
-# The output of the job running in this context: set by job_output(), read by the
-# sys.stdout/sys.stderr wrapper (_attribution) on every write.
+# Set by job_output(), read by the sys.stdout/sys.stderr wrapper (_attribution).
 current_job: ContextVar[JobOutput | None] = ContextVar("trio_worker_job_output", default=None)
 
 
@@ -431,13 +408,8 @@ class JobOutput:
 
 @contextlib.contextmanager
 def job_output(job_id: str) -> Iterator[JobOutput]:
-    """Attribute Python-level writes made in this context (and its copies) to a new JobOutput.
-
-    The attribution follows trio tasks started from inside the block and threads started
-    with ``trio.to_thread``, since both run in a copy of the current context. It only sees
-    writes through ``sys.stdout``/``sys.stderr`` once `install_python_stream_attribution`
-    has run.
-    """
+    """Attribute Python-level writes made in this context (and its copies) to a new JobOutput,
+    once `install_python_stream_attribution` has run."""
     job = JobOutput(job_id)
     token = current_job.set(job)
     try:

@@ -1,43 +1,20 @@
-"""The crash watchdog's side of output capture: it reads fds 1 and 2 first (docs/design.md §13).
+"""The crash watchdog's side of output capture: it reads fds 1 and 2 first, passes them
+through, and forwards a best-effort copy the worker's capture reads (`Feed`); a flush waits
+for the three counts of the page they share (docs/design.md §13.3).
 
-Why the watchdog reads first
-----------------------------
-A worker that dies by a signal takes its user-space buffers with it: what its capture
-reader had read but not yet passed on, and what sat in its own capture pipe. The output
-that explains a crash is exactly the last of it. So when the worker is watched, its fds 1
-and 2 are pipes whose read ends the *watchdog* (the parent process) holds: every byte a
-write(2) accepted reaches the watchdog, which passes it through to the real stdout/stderr,
-in order per fd, and keeps a bounded tail for the crash report.
-
-The worker keeps its own `OutputCapture` (per-job attribution and in-process failure
-reports need it): the watchdog forwards a copy of each chunk on a second pair of pipes, which
-the worker's capture reads instead of redirecting fds 1/2 itself (`Feed`). The copy is
-best effort: when the worker does not read it (its reader is stuck, the pipe is full), the
-watchdog drops that copy rather than block, and never drops the pass-through or its tail.
-
-A mark must stay exact across the extra hop (`OutputCapture.flush`), and must not wait for
-pipes that other jobs keep busy. The watchdog keeps three counts in a page it shares with
-the worker: bytes it has *read* from fds 1/2's pipes, bytes it has *handled* (the copy
-forwarded or dropped; the pass-through follows), bytes *forwarded* to the copies. Everything
-written before a flush began is at most what was read plus what the pipes held then; once
-that much is handled, the flush waits for the ring to hold what was forwarded by then.
-Every count only grows, so a flush waits for a number, never for quiet. Between taking a
-chunk out of a pipe and counting it read, the chunk is in neither count: a fourth word,
-odd while a read is under way and bumped again when it is counted, tells a flush that
-looked meanwhile to look again.
+Between taking a chunk out of a pipe and counting it read, the chunk is in neither count:
+a fourth word, odd while a read is under way and bumped again when it is counted, tells a
+flush that looked meanwhile to look again.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import struct
-import sys
-import termios
 from typing import TYPE_CHECKING, Any
 
-from ._pipes import Redirect, close_all, grow_pipe, map_page, shared_page, write_all
+from ._pipes import Redirect, close_all, grow_pipe, map_page, pending_bytes, shared_page, write_all
 
 if TYPE_CHECKING:
     import mmap
@@ -55,26 +32,13 @@ _COUNT = struct.Struct("Q")
 
 class Feed:
     """What the worker (the child) keeps: the copy pipes to read, the upstream pipes to
-    check for unread bytes, and the watchdog's counts.
-
-    (A plain class: the watchdog imports this module, and ``dataclasses`` alone would
-    add more than a megabyte to it.)
-    """
+    check for unread bytes, and the watchdog's counts. (A plain class: the watchdog
+    imports this module, and ``dataclasses`` would weigh on its start.)"""
 
     def __init__(self, copies: tuple[int, int], upstream: tuple[int, int], seq: mmap.mmap) -> None:
         self.copies = copies  # read ends: what the watchdog forwarded from fds 1 and 2
         self.upstream = upstream  # read ends of fds 1/2's pipes, only ever asked FIONREAD
         self.seq = seq
-
-    def upstream_bytes(self) -> int:
-        """Bytes written to fds 1/2 that the watchdog has not read yet."""
-        pending = 0
-        for fd in self.upstream:
-            buf = bytearray(4)
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(fd, termios.FIONREAD, buf, True)
-                pending += int.from_bytes(buf, sys.byteorder)
-        return pending
 
     def written_before_now(self) -> int | None:
         """The bytes written to fds 1/2 so far: what the watchdog has read, and what the
@@ -84,7 +48,7 @@ class Feed:
         if reading % 2:
             return None
         read = self.count(_READ)
-        pending = self.upstream_bytes()
+        pending = sum(pending_bytes(fd) for fd in self.upstream)  # not read by the watchdog
         return read + pending if self.count(_READING) == reading else None
 
     def flush_target(self, written: int | None) -> tuple[int | None, int | None]:
@@ -96,8 +60,8 @@ class Feed:
         """
         if written is None:
             written = self.written_before_now()
-        if written is not None and self.handled() >= written:
-            return self.forwarded(), written
+        if written is not None and self.count(_HANDLED) >= written:
+            return self.count(_FORWARDED), written
         return None, written
 
     def redirects(self) -> list[Redirect]:
@@ -110,12 +74,6 @@ class Feed:
         for r in redirects:
             os.set_blocking(r.read_end, False)
         return redirects
-
-    def handled(self) -> int:
-        return self.count(_HANDLED)
-
-    def forwarded(self) -> int:
-        return self.count(_FORWARDED)
 
     def count(self, offset: int) -> int:
         return int(_COUNT.unpack_from(self.seq, offset)[0])
@@ -145,7 +103,6 @@ class Tee:
         self._reading = reading + reading % 2
         self._tail = bytearray()
         self._tail_bytes = tail_bytes
-        self.copies_dropped = 0
         self.closed: set[int] = set()  # read ends at EOF (every writer closed fd 1 or 2)
 
     def spec(self) -> dict[str, object]:
@@ -215,14 +172,9 @@ class Tee:
     def _copy_out(self, fd: int, data: bytes) -> int:
         """Forward *data* to the worker, what fits without waiting; the bytes sent."""
         try:
-            sent = os.write(fd, data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:  # the worker is gone: nobody reads the copy any more
+            return os.write(fd, data)
+        except OSError:  # the pipe is full, or the worker is gone: nobody reads the copy
             return 0
-        if sent < len(data):
-            self.copies_dropped += len(data) - sent
-        return sent
 
     def _keep(self, data: bytes) -> None:
         self._tail += data

@@ -1,16 +1,9 @@
-"""The regular expression that finds a secret as written or in any escaped form
-(docs/design.md §8).
+"""The regular expression that finds a secret as written or in any escaped form (the forms:
+docs/design.md §8).
 
-Each character of a secret may appear as itself or as any escape Python and JSON produce
-(``\\n``, ``\\"``, ``\\xe9``, ``\\u00e9``, ``\\U0001f600``, a surrogate pair, the UTF-8
-bytes of a ``bytes`` repr), escaped again up to 16 backslashes deep (JSON inside JSON), or
-percent-encoded (``%40``, ``+`` for a space), hex digits in either case.
-
-Why the pattern is shaped as it is: it runs on text the worker does not control (an
-exception message may echo a job's input), so its cost must stay linear whatever the text.
-A regex that let adjacent characters share a run of backslashes any way they like would
-backtrack through every split of the run: seconds per MiB, or hours, for a secret with a
-few backslashes against text made of backslash runs. So no run is ever split two ways:
+It runs on text the worker does not control, so its cost must stay linear whatever the
+text. A regex that let adjacent characters share a run of backslashes any way they like
+would backtrack through every split of the run, so no run is ever split two ways:
 
 - the backslashes before an escape are taken possessively (``\\{1,16}+``): they can only
   belong to that escape;
@@ -22,7 +15,7 @@ few backslashes against text made of backslash runs. So no run is ever split two
   retry a run at each of its positions.
 
 Each secret contributes one alternative per form of its first character, each starting
-with a plain character, so the regex engine skips, in C, every position where no secret can
+with a plain character, so the engine skips, in C, every position where no secret can
 start: a secret of ordinary characters is a plain literal.
 """
 
@@ -30,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["combined_pattern", "secret_alternatives", "secret_pattern"]
+__all__ = ["combined_pattern"]
 
 # Characters no escaping scheme we match ever rewrites (RFC 3986 unreserved).
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -52,19 +45,9 @@ _RUN_START = r"\\(?<!\\\\)"
 _FIRST_ESCAPE = _RUN_START + r"\\{0,15}+"
 
 
-def secret_pattern(secret: str) -> str:
-    r"""A regular expression matching *secret* as written or in any escaped form.
-
-    >>> secret_pattern("ab")
-    'ab'
-    >>> bool(re.fullmatch(secret_pattern('p"w'), 'p\\\\\\"w'))
-    True
-    """
-    return "|".join(secret_alternatives(secret))
-
-
 def secret_alternatives(secret: str) -> list[str]:
-    """The alternatives of ``secret_pattern``: one per form of the first character."""
+    """The regular expressions that match *secret* in any form: one per form of its first
+    character."""
     tokens = _tokens(secret)
     if not tokens:
         return []

@@ -55,12 +55,6 @@ def identity(fd: int) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def wait_writable(fd: int) -> None:
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    poller.poll()
-
-
 def write_all(fd: int, data: bytes) -> bool:
     """Write all of *data* to *fd*, waiting for room; False once *fd* refuses writes (the
     reader of the real stdout is gone)."""
@@ -71,7 +65,9 @@ def write_all(fd: int, data: bytes) -> bool:
         except BlockingIOError:
             # Someone made the shared file description non-blocking (it is shared with
             # whatever else holds the real stdout); wait for room instead of spinning.
-            wait_writable(fd)
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.poll()
         except OSError as exc:
             if exc.errno == errno.EINTR:
                 continue
