@@ -157,13 +157,6 @@ def test_handler_kind(fn: Callable[..., Any], kind: HandlerKind) -> None:
     assert handler_kind(fn) is kind
 
 
-def test_streams_property() -> None:
-    assert {kind for kind in HandlerKind if kind.streams} == {
-        HandlerKind.SYNC_GENERATOR,
-        HandlerKind.ASYNC_GENERATOR,
-    }
-
-
 @pytest.mark.parametrize(
     "fn",
     [operator.itemgetter("input"), len, dict, functools.lru_cache(maxsize=None)(sync_handler)],

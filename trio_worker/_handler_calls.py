@@ -1,35 +1,14 @@
-"""Running the user's handler: sync, async, sync generator, async generator, and the kept
-threads sync code runs in (docs/design.md §2, docs/how-it-works.md).
+"""Running the user's handler (its kind, the call, its chunks as one `Stream`), and the kept
+threads every piece of sync user code runs in (docs/how-it-works.md, the module map;
+docs/reference.md, "Handlers and initializers" and ``check_cancelled``).
 
-Detection looks through ``functools.partial`` and callable objects, which the reference
-misses (docs/protocol.md §3.4); a plain function that *returns* a generator, a coroutine or an
-async generator is also handled by what it returns, so nothing is ever left unserializable
-because of how the handler was wrapped.
-
-Sync code runs in a kept thread so the event loop (stop signals, reports, the take loop)
-stays live. ``trio.to_thread.run_sync`` pays for generality on every call (a capacity
-limiter, its thread cache's hand-off, a message object); here a call costs one put into an
-idle thread's queue and at most one ``run_sync_soon`` back, which both reports the outcome
-and says the thread has ended. Outcomes that finish while the loop has not yet collected
-earlier ones ride the message already on its way (:class:`_Returns`). Threads are kept
-while they are used and leave after ``IDLE_SECONDS`` unused, as trio's own cache does.
-
-Every piece of sync user code the worker runs comes through :func:`run_sync`: a handler
-and each step of a sync generator (through :func:`run_in_thread`, which also waits for an
-abandoned thread's end), a generator's ``close()``, a sync initializer, a sync fitness
-check (through :func:`in_thread`). One way in, so what holds inside one holds inside all of
-them.
-
-Such a thread cannot be interrupted. Only trio's public API is used. The call is abandoned
-on cancel, as with ``abandon_on_cancel=True``: the task is woken at once
-(``wait_task_rescheduled``'s abort), and can still wait for the thread's end
-(:attr:`ThreadCall.ended`). The code learns of it through :func:`check_cancelled`, which
-reads the call from a context variable set in the call's own copy of its task's context
-(so a thread the code starts in a copy of that context sees the same call) and raises with
-the ``raise_cancel`` trio handed to the abort, so it can stop cooperatively when its job is
-stopped. The threads are the worker's, not trio's: ``trio.from_thread`` in them needs
-``trio_token=``, as in any thread trio did not start (docs/reference.md,
-``check_cancelled``).
+A kept-thread call costs one put into an idle thread's queue and at most one
+``run_sync_soon`` back, shared by the outcomes that finish before the loop collects them
+(:class:`_Returns`), where ``trio.to_thread.run_sync`` pays for a limiter, its cache's
+hand-off and a message per call. Idle threads leave after ``IDLE_SECONDS``, as trio's do.
+A call is abandoned on cancel, as with ``abandon_on_cancel=True``: the task is woken by
+``wait_task_rescheduled``'s abort, may still wait for :attr:`ThreadCall.ended`, and
+:func:`check_cancelled` raises in the thread with the ``raise_cancel`` of that abort.
 """
 
 from __future__ import annotations
@@ -63,10 +42,6 @@ class HandlerKind(enum.Enum):
     SYNC_GENERATOR = "sync generator"
     ASYNC_GENERATOR = "async generator"
 
-    @property
-    def streams(self) -> bool:
-        return self in (HandlerKind.SYNC_GENERATOR, HandlerKind.ASYNC_GENERATOR)
-
 
 def handler_kind(fn: Callable[..., Any]) -> HandlerKind:
     """Classify *fn*, looking through partials and callable objects."""
@@ -88,12 +63,7 @@ def is_cancellation(exc: BaseException) -> bool:
 
 async def run_in_thread(fn: Callable[..., Any], *args: Any, waits: Scopes) -> Any:
     """Run sync *fn* in a kept thread (:func:`run_sync`); when cancelled, wait for the
-    thread to end.
-
-    The call is abandoned on cancel so ``check_cancelled()`` inside it sees the stop at
-    once, but the caller does not move on until the thread has really returned, or the
-    grace has ended (*waits*: the deadline registry).
-    """
+    thread to end, or for the grace to (*waits*), before ``trio.Cancelled`` propagates."""
     # Cancelled before the thread is asked (a stop that landed first): nothing to wait for.
     await trio.lowlevel.checkpoint_if_cancelled()
     call = ThreadCall(fn, args)
@@ -125,9 +95,8 @@ class Stream:
         return self._chunks()
 
     def hand_off(self, offer: Callable[[Any], bool]) -> None:
-        """Let the chunks reach *offer* where they are yielded while the reader waits,
-        where the backend can (:meth:`Backend.hand_off`): a chunk *offer* takes (True) is
-        not read from this stream."""
+        """Let the chunks reach *offer* where they are yielded (:meth:`Backend.hand_off`):
+        a chunk *offer* takes (True) is not read from this stream."""
         if isinstance(self._source, AsyncIterator):
             self._backend.hand_off(self._source, offer)
 
@@ -171,11 +140,8 @@ async def call_handler(
     close_bound: float = DEFAULT_SYNC_CLOSE_BOUND,
 ) -> Any | Stream:
     """Call *fn* with *job*: the handler's result, or a :class:`Stream` of its chunks
-    (whose generator gets *close_bound* seconds for its cleanup when left early).
-
-    A coroutine or an async generator the handler makes runs on *backend*. Exceptions
-    raised by the handler propagate unchanged.
-    """
+    (whose generator gets *close_bound* seconds for its cleanup when left early). A
+    coroutine or an async generator it makes runs on *backend*; its exceptions propagate."""
     if kind is HandlerKind.SYNC:
         result = await run_in_thread(fn, job, waits=waits)
     else:
@@ -198,8 +164,8 @@ DEFAULT_NAME = "trio_worker sync code"
 INITIALIZER_THREAD = "trio_worker initializer"
 
 _idle: list[_KeptThread] = []
-# The call whose code runs in this context, for check_cancelled(): set only while the call
-# runs, in the call's own copy of its task's context.
+# The call whose code runs in this context (check_cancelled): set only while it runs, in
+# the call's own copy of its task's context.
 _CALL: contextvars.ContextVar[ThreadCall | None] = contextvars.ContextVar(
     "trio_worker_thread_call", default=None
 )
@@ -233,10 +199,9 @@ def in_kept_thread() -> bool:
 class _Returns:
     """The outcomes of one trio run's kept-thread calls, on their way back to its loop.
 
-    A thread appends its outcome, and posts the loop one :meth:`_collect` unless one is
-    already on its way (then that one collects it too). The flag is cleared before the
-    collect takes anything, under the lock, so no outcome is ever left with no collect to
-    come.
+    A thread appends its outcome, and posts one :meth:`_collect` unless one is on its way.
+    The flag is cleared, under the lock, before the collect takes anything, so no outcome
+    is ever left with no collect to come.
     """
 
     def __init__(self, token: trio.lowlevel.TrioToken) -> None:
@@ -363,8 +328,8 @@ async def run_sync(call: ThreadCall) -> Any:
     """Run *call* in a kept thread; its result, or its exception raised here.
 
     Cancelled while the thread runs: raises ``trio.Cancelled`` at once (the thread goes
-    on; ``call.ended`` is set when it returns). The caller checks for a cancellation
-    before, if one that landed first must keep the code from starting.
+    on; ``call.ended`` is set when it returns). It does not check for a cancellation
+    first: a caller that must not start the code once cancelled does.
     """
     thread = _idle.pop() if _idle else _KeptThread()
     call._returns.waited += 1

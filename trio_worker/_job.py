@@ -1,16 +1,5 @@
-"""Driving each held job through its states: admission, its task and scope, settlement.
-
-Theory of operation
--------------------
-The supervisor's take task hands each take answer to :meth:`JobDriver.admit`, which holds
-the jobs in the ledger, gives each a cancel scope, and applies ``on_admit``. The run task
-starts :meth:`JobDriver.job_task` per job: inside the job's scope it reports a malformed
-job, or waits at the gate and runs the handler; a cancellation is settled by
-``on_cancelled`` (stopped, released, failed with the init failure, or cut by the end of the
-shutdown grace); the report goes out shielded and ``on_delivered`` settles it. A stop or a
-release is *requested* by firing its event and cancelling the job's scope, so the task
-unwinds and settles the job itself.
-"""
+"""Driving each held job through its states: admission, its task and scope, settlement
+(docs/how-it-works.md, "The job state machine"; every decision is ``_state``'s)."""
 
 from __future__ import annotations
 
@@ -212,12 +201,8 @@ class JobDriver:
         return report
 
     async def _take_slot(self, job: HeldJob) -> None:
-        """One of the ``concurrency`` handler slots, for the handler's run only (released
-        by the caller).
-
-        A take may deliver more jobs than asked for: every one is held (pinged, owed a
-        report), but no more than ``concurrency`` handlers run at once (docs/design.md §4 I7).
-        """
+        """One of the ``concurrency`` handler slots (docs/design.md §4 I7), for the
+        handler's run only (released by the caller)."""
         if self.slots.take_nowait(job.id):
             return
         self.fire(job, JobEvent.WAIT_FOR_SLOT)
@@ -264,12 +249,9 @@ class JobDriver:
             self.refresh()
 
     async def settle_stuck(self) -> list[str]:
-        """Settle the jobs whose handler swallowed the shutdown's cancellation: a running
-        one is reported ``worker_shutdown`` here, a stopped one is stopped (``on_stuck``).
-
-        Their tasks can never end, but the reports they owe go out (docs/design.md §9).
-        Returns the ids settled.
-        """
+        """Settle the jobs whose handler swallowed the shutdown's cancellation (their tasks
+        never end): a running one is reported ``worker_shutdown`` here, a stopped one is
+        stopped (``on_stuck``; docs/design.md §9). Returns the ids settled."""
         stuck = [
             (job, outcome)
             for job in self.ledger
@@ -413,12 +395,10 @@ class Capacity:
 
 class StopMemory:
     """Stops for ids not (yet) held: the take that delivers the job may still be on the
-    wire (the reference forgets them, docs/protocol.md §8 item 6).
+    wire (docs/protocol.md §8 item 6; the bound: docs/security.md).
 
     At most *size* ids are kept: past it, those older than *seconds* go, then the oldest.
-    Kept in arrival order in an ``OrderedDict`` (the clock never goes back), so forgetting
-    pops from its front: a job-stop answer naming 100,000 unknown ids costs linear time
-    and *size* entries (docs/security.md).
+    Kept in arrival order (the clock never goes back), so forgetting pops from the front.
     """
 
     def __init__(self, seconds: float, size: int) -> None:

@@ -1,10 +1,6 @@
 """Running one job: call the handler, stream its chunks, build the terminal report body.
-
-Nothing here decides *whether* a job runs (the supervisor and the gate do); this module
-turns a job that may run into the bytes of its job-done report, and never loses a result
-on the way: an exception, a non-JSON value, an oversized result, a generator that fails
-mid-stream all become a clear error on the job (docs/design.md §5).
-"""
+Whether a job runs is decided elsewhere; here no result is lost on the way: every failure
+becomes a clear error on the job (docs/design.md §5)."""
 
 from __future__ import annotations
 
@@ -251,11 +247,9 @@ class JobRunner:
 def calm_chunk_taker(
     poster: ChunkPoster, aggregate: list[object] | None
 ) -> Callable[[object], bool]:
-    """What a stream's source may hand its chunks to while the runner waits for one
-    (:meth:`Stream.hand_off`): the calm path of the runner's loop, run where the chunk was
-    yielded, with no task switch. It refuses (False) anything else, which the loop then
-    reads and handles in order: an error chunk, a chunk that is not JSON (encoded again
-    there, to report why), a stream not calm or out of room."""
+    """The runner's calm path, for a stream's source to hand chunks to where they are
+    yielded (:meth:`Stream.hand_off`; docs/how-it-works.md, the asyncio backend). It
+    refuses (False) anything else, which the loop then reads in order."""
 
     def take(chunk: object) -> bool:
         if not poster.accepts_now() or is_error_chunk(chunk):
@@ -284,11 +278,8 @@ LOG_MESSAGE_CHARS = 1000
 def log_failed_job(
     job_id: str, error_type: str, message: str, category: str, settings: Settings
 ) -> None:
-    """The one ERROR line the worker's own log gets per failed job (never its input).
-
-    The message is redacted, clipped and kept on one line, so the container log an
-    operator reads says which job failed and why without a trip to the platform.
-    """
+    """The one ERROR line the worker's own log gets per failed job (never its input): the
+    message redacted, clipped, on one line."""
     text = one_line(clip(settings.redactor.redact(message), LOG_MESSAGE_CHARS))
     log.error("job %s failed: %s: %s (category %s)", job_id, error_type, text, category)
 
