@@ -1,33 +1,7 @@
-"""Posting what the worker owes the platform for a job (docs/design.md §5).
-
-Theory of operation
--------------------
-:meth:`Delivery.post` is the one retry policy of every report: a job's terminal report,
-the small ``ResultRefused`` report after a 400 or 413, progress updates
-(:class:`ProgressPosts`, below) and stream chunks sent again on their own
-(``_chunk_convoy.py``). Each attempt is one
-:meth:`~._platform._client.PlatformClient.post` under its own timeout, grown with
-the body's size, so one hung connection costs one attempt, not the budget.
-Between attempts it waits the jittered backoff, or what a ``Retry-After`` asked within the
-one floor and cap of every route (``_pacing.rate_limit_wait``), never less than the
-backoff; the wait is cut by the deadline registry (``_scopes.py``) so that one last
-attempt still fits before the deadline it reads.
-
-A terminal report runs under a shield (docs/design.md §4 I5) bound to the state: its
-deadline is the job's delivery budget, ``report_budget`` from the moment its report starts,
-cut to the state's deadline when the worker stops, but never to less than
-``report_deadline`` from its start, so the report of a job cut at the end of the grace
-still gets its chance. The job stays held meanwhile (the driver settles it only when
-:meth:`Delivery.deliver` returns), so it keeps its slot and its id in every ping. A loss is
-logged loudly with the job id.
-
-Progress updates are posted in the background, one at a time per job, never after the
-result (:class:`ProgressPosts`): at most one is in flight per job, and a newer one
-replaces one still waiting. Each post ends within ``report_budget`` and by the state's
-deadline. Before a job's final report goes, :meth:`ProgressPosts.quiet` lets its updates
-out for at most ``progress_bound``, then cuts them, so an update never lands after the
-final result nor holds it up (docs/design.md §5).
-"""
+"""Posting what the worker owes the platform for a job: :meth:`Delivery.post`, the one retry
+policy of every report, progress update and stream chunk sent on its own; the terminal
+report under its shield; :class:`ProgressPosts` (docs/design.md §5 and I5;
+docs/how-it-works.md, "Shields and deadlines")."""
 
 from __future__ import annotations
 
@@ -92,14 +66,11 @@ class Delivery:
     ) -> None:
         """POST one report until it is acknowledged, refused for good, or time runs out.
 
-        Never raises for platform trouble. There is no attempt limit: the caller's cancel
-        scope bounds the whole (bound to the state's deadlines), and each wait between attempts
-        reads that deadline to leave room for one last attempt. Each attempt has its own
-        timeout, grown with the body's size, so one hung connection costs one attempt.
-        *outcome* is filled in as attempts are made, so a caller whose scope ran out still
-        knows how many were made and the last error. *superseded* is asked before each
-        retry: when it says yes (a newer progress update is waiting), the report is
-        abandoned.
+        Never raises for platform trouble, and has no attempt limit: the caller's cancel
+        scope bounds the whole. *outcome* is filled in as attempts are made, so a caller
+        whose scope ran out still knows how many were made and the last error.
+        *superseded* is asked before each retry: yes (a newer progress update waits)
+        abandons the report.
         """
         bound = report_attempt_bound(self.timings, len(body))
         while True:
@@ -122,12 +93,9 @@ class Delivery:
             await self.plan.wait_to_retry(trio.current_time() + delay, bound)
 
     def retry_wait(self, attempts: int, retry_after: float | None) -> float:
-        """Seconds before the next attempt, after *attempts* failed: the backoff, or, when
-        the last answer carried a ``Retry-After`` (*retry_after*, as parsed), the one rule
-        every route follows for it (:func:`~trio_worker._pacing.rate_limit_wait`: floor,
-        cap, jitter), never less than the backoff. The caller waits through
-        :meth:`Scopes.wait_to_retry`, which cuts the wait to leave room for one last
-        attempt before its deadline.
+        """Seconds before the next attempt, after *attempts* failed: the backoff, or after
+        a ``Retry-After`` (*retry_after*, as parsed) :func:`~trio_worker._pacing.rate_limit_wait`,
+        never less than the backoff. The caller waits through :meth:`Scopes.wait_to_retry`.
         """
         timings = self.timings
         delay = backoff_delay(attempts - 1, timings.error_backoff_min, timings.report_backoff_max)

@@ -1,18 +1,9 @@
-"""Fitting an error body within 64 KiB: clipping, redaction first, a fair share per field.
-
-An error body carries text the SDK does not control to a platform that refuses oversized
-bodies (docs/protocol.md §8 #32). Whatever it is given, a fitted body (docs/design.md I6)
-has every text field redacted *before* any cut (so no half secret is left), clipped head
-and tail (logs keep their tail), lone surrogates made U+FFFD, and encodes to at most
-``MAX_ERROR_BODY_BYTES``, ``stopPod`` and the stream notes included.
-
-The body is first built with every field at its own limit: the common case, one encoding.
-Only when it is too large (megabytes of text, or kilobytes of quotes, control characters or
-non-ASCII text, escaped twice in the handler shape, docs/protocol.md §3.7) is the byte
-budget left after the fixed parts shared between the large fields, water-filling, each one
-over its share re-clipped from its source to the longest head and tail that fits, so its
-"[N characters truncated]" count stays true.
-"""
+"""Fitting an error body within 64 KiB (docs/protocol.md §3.7, docs/design.md I6): every
+text field redacted before any cut, clipped head and tail (logs keep their tail), lone
+surrogates made U+FFFD. Only a body too large with every field at its own limit is fitted:
+the bytes left after the fixed parts are shared between the large fields by water-filling,
+each one over its share re-clipped from its source, so its "[N characters truncated]"
+count stays true."""
 
 from __future__ import annotations
 
@@ -42,11 +33,7 @@ _Mode = Literal["both", "tail"]
 
 
 def clip(text: str, limit: int = MAX_FIELD_CHARS) -> str:
-    """Keep the first and last ``limit // 2`` characters of *text* (docs/protocol.md §3.7).
-
-    >>> clip("abcdefghij", 4)
-    'ab\\n...[6 characters truncated]...\\nij'
-    """
+    """Keep the first and last ``limit // 2`` characters of *text* (docs/protocol.md §3.7)."""
     if len(text) <= limit:
         return text
     half = max(limit, 0) // 2

@@ -1,9 +1,6 @@
-"""Why a body cannot be posted: the value JSON refuses, found by its path, or its size.
-
-Only a failed encoding comes here (``_payloads.encode_body``): the value is then walked
-again, iteratively, in the encoder's order, so the error names the first offender the
-encoder met, and a deep value cannot exhaust the interpreter's stack.
-"""
+"""Why a body cannot be posted: the value JSON refuses, found by its path, or its size. Only
+a failed encoding comes here (``_payloads.encode_body``): the value is walked again, in the
+encoder's order, so the error names the first offender the encoder met."""
 
 from __future__ import annotations
 
@@ -21,12 +18,9 @@ ResultErrorType = Literal["OutputNotSerializable", "OutputTooLarge"]
 
 
 class ResultEncodingError(Exception):
-    """A body that cannot be posted: not JSON, or over the size limit.
-
-    ``error_type`` is what the job's error reports: ``"OutputNotSerializable"`` or
-    ``"OutputTooLarge"``; ``path`` locates the offending value (``"output['image']"``) when
-    there is one.
-    """
+    """A body that cannot be posted: not JSON, or over the size limit. ``error_type`` is
+    what the job's error reports; ``path`` locates the offending value (``"output['image']"``)
+    when there is one."""
 
     def __init__(
         self, message: str, *, error_type: ResultErrorType, path: str | None = None

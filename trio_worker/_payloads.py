@@ -1,17 +1,6 @@
-"""Every body the worker posts for a job, and the one JSON policy they are all encoded with.
-
-The shapes are the reference's (docs/protocol.md §3). What changes (docs/design.md §5): a
-value that cannot be posted is not dropped with a logged ``TypeError``, leaving the request
-IN_PROGRESS until its timeout (docs/protocol.md §8 #2); the job reports an error naming it.
-
-- One encoding policy (docs/protocol.md §3.8) for results, chunks, progress and errors:
-  raw UTF-8, NaN and Infinity refused, at most ``MAX_RESULT_BYTES``. The happy path is one
-  C-accelerated encoding; only a failure walks the value again (``_json_problems``).
-- The user's dict is not mutated (the reference pops ``error`` and ``refresh_worker`` from
-  it, so a cached dict loses them for the next job): copied only when one is present.
-- Every error body comes from one builder, :meth:`Payloads.error`, given a
-  :class:`JobError`, and is fitted within 64 KiB (``_fitting``).
-"""
+"""Every body the worker posts for a job (docs/protocol.md §3), and the one JSON policy they
+are all encoded with (§3.8): a value that cannot be posted becomes an error naming it
+(docs/design.md §5), and every error body comes from :meth:`Payloads.error`."""
 
 from __future__ import annotations
 
@@ -36,8 +25,7 @@ if TYPE_CHECKING:
 
 MAX_RESULT_BYTES = 20 * 1024 * 1024
 """The largest encoded body the worker posts: the reference's own result-size warning, and
-the documented ``/runsync`` payload limit. A larger one would be refused after the work was
-done; the error says to upload it and return a URL."""
+the documented ``/runsync`` payload limit."""
 
 MAX_LISTED_CHUNKS = 1000
 """A final report names at most this many undelivered chunks (and always their count)."""
@@ -95,13 +83,9 @@ class WorkerIdentity:
 
 @dataclass(frozen=True)
 class JobError:
-    """What a failed job's report says, before it is redacted, fitted and encoded.
-
-    *shape* is the body's (docs/reference.md, "Error shapes"): "handler", the JSON string of
-    docs/protocol.md §3.3 that every error the SDK reports takes; "stream", the reference's
-    plain text for a generator that raised (§3.4); "chunk", the text of an error chunk
-    alone; "init", the init_failed object (§3.6), with *elapsed* and *init_timeout*.
-    """
+    """What a failed job's report says, before it is redacted, fitted and encoded. *shape*
+    is the body's (docs/reference.md, "Error shapes"): "handler", "stream", "chunk" (an
+    error chunk's text alone) or "init" (with *elapsed* and *init_timeout*)."""
 
     error_type: str
     message: str
@@ -147,8 +131,7 @@ class JobError:
         )
 
 
-# The errors the SDK itself reports on a job: (category, message). The message is formatted
-# with the facts :func:`notice` is given.
+# The errors the SDK itself reports on a job: (category, message formatted with the facts).
 _NOTICES = {
     "WorkerShutdown": (
         "worker_shutdown",
@@ -182,9 +165,8 @@ def notice(
 
 
 class Payloads:
-    """The bodies one worker posts for its jobs: built with its identity, built once here
-    and passed down, and its redactor. *stop_pod* (``refresh_worker``): every result and
-    error of a job asks the platform to replace the worker afterwards."""
+    """The bodies one worker posts for its jobs, with its identity and redactor. *stop_pod*
+    (``refresh_worker``): every result and error asks for the worker to be replaced."""
 
     def __init__(
         self, identity: WorkerIdentity, redactor: Redactor, *, stop_pod: bool = False
@@ -294,18 +276,8 @@ def _closing(undelivered: Sequence[int], stop_pod: bool) -> dict[str, Any]:
 
 def result_body(value: object, redactor: Redactor, *, stop_pod: bool = False) -> dict[str, Any]:
     """The reference's body for a return value (docs/protocol.md §3.2), ``stopPod`` when it
-    asks ``refresh_worker`` or *stop_pod* is set. A returned ``error`` is the job's error:
-    it is redacted like every error the worker sends (docs/design.md §8). The output is the
-    user's data and is sent as returned.
-
-    >>> from ._capture import Redactor
-    >>> result_body({"error": "bad key s3cr3t", "a": 1}, Redactor(["s3cr3t"]))
-    {'output': {'a': 1}, 'error': 'bad key [REDACTED]'}
-    >>> result_body({"refresh_worker": True}, Redactor([]))
-    {'stopPod': True}
-    >>> result_body(None, Redactor([]))
-    {'output': None}
-    """
+    asks ``refresh_worker`` or *stop_pod* is set. A returned ``error`` is redacted, as every
+    error the worker sends (docs/design.md §8); the output is sent as returned."""
     body: dict[str, Any]
     if not isinstance(value, dict):
         body = {"output": value}
@@ -328,12 +300,9 @@ _Copy = dict[object, object] | list[object]
 
 def redact_value(value: object, redactor: Redactor) -> object:
     """*value* with every string in it, keys included, redacted; containers are copied,
-    the user's value is left as it was.
-
-    Anything JSON cannot hold is kept as is: :func:`encode_body` then refuses it, and the
-    job reports an ``OutputNotSerializable`` error, itself redacted. Iterative, so a deep
-    value cannot exhaust the interpreter's stack. A container met twice gets the same copy,
-    so a cycle stays a cycle (and is refused like the original).
+    the user's value is left as it was. Anything JSON cannot hold is kept, for
+    :func:`encode_body` to refuse. Iterative, so a deep value cannot exhaust the stack; a
+    container met twice gets the same copy, so a cycle stays a cycle (refused likewise).
     """
     copies: dict[int, _Copy] = {}
     pending: list[dict[Any, Any] | list[Any] | tuple[Any, ...]] = []

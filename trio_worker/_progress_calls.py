@@ -1,22 +1,8 @@
-"""``progress_update``: from whatever thread calls it, to the worker running the job.
-
-A handler sends progress from its own code (an async handler's task, a sync handler's
-thread), and just as often from a thread it did not write: a ``threading.Thread`` it
-started, a ``ThreadPoolExecutor``'s worker, a library's callback thread (a trainer's, a
-diffusers pipeline's step callback). So the job is found by its id first of all, as the
-reference finds it: the worker whose context the call runs in (set while its job runs,
-copied into the threads the worker starts), else the running worker whose ledger holds
-that id. Several workers in one process each get their own jobs' updates.
-
-The rules of the posts themselves are :class:`~trio_worker._delivery.ProgressPosts`'s, on
-the worker's trio thread: one at a time per job, the newest waiting, never after the job's
-final result. A call from another thread is handed to that thread; while one hand-over of
-a job is on its way, newer updates replace its body rather than queue more hand-overs, so
-a callback firing thousands of times a second costs the loop one wake-up per update it
-can post, and the memory of one body per job. The hand-over is queued by the call itself,
-before the calling thread goes on, so an update made before the thread's work is handed
-back reaches the worker before the job can end (docs/design.md §5).
-"""
+"""``progress_update``: from whatever thread calls it, to the worker running the job
+(docs/reference.md, ``progress_update``), found by the context the call runs in, else by
+its id among the running workers. The hand-over is queued by the call itself, before the
+calling thread goes on, so an update made before the thread's work is handed back reaches
+the worker before the job can end."""
 
 from __future__ import annotations
 
@@ -123,11 +109,6 @@ def running_worker(target: ProgressTarget) -> Iterator[None]:
             _running.remove(target)
 
 
-def _running_targets() -> list[ProgressTarget]:
-    with _running_lock:
-        return list(_running)
-
-
 def progress_update(job: Mapping[str, Any], progress: object) -> None:
     """Send a non-terminal progress update for *job* (docs/protocol.md §3.5).
 
@@ -154,7 +135,8 @@ def progress_update(job: Mapping[str, Any], progress: object) -> None:
 
 def _holder(job_id: str) -> ProgressTarget | None:
     """The running worker that holds *job_id* (the one warning when none does)."""
-    targets = _running_targets()
+    with _running_lock:
+        targets = list(_running)
     for target in targets:
         if target.holds(job_id):
             return target
