@@ -1,20 +1,7 @@
 """The platform's stream sink: the chunks of every job, posted together, one write a round
-(docs/protocol.md §2.4).
-
-Posting each stream's chunks on its own connection costs one write, one wake-up and one
-read per chunk, and with many paced streams the worker's CPU, not the network, then sets
-how late a token reaches the platform. Here the seats of every stream waiting when a round
-starts go out in one write on one kept-alive connection, their answers read back in order;
-seats that board while a round is on the wire wait for the next one, so the busier the
-worker, the more a round carries. A round boards whole seats within the one batch limit
-(``_chunk_posts.BATCH_REQUESTS``, ``BATCH_BYTES``), its first whatever its size.
-
-Rounds run in a task of their own beside the jobs (:data:`Spawn`), not in a stream's: a job
-cancelled while its chunks share a round abandons only its own seat, and cuts nobody
-else's round short (which would make them send again chunks the platform may already
-have). A round nobody waits for any more is cancelled at once, so it never holds the jobs'
-nursery open past a shutdown.
-"""
+(docs/protocol.md §2.4, "Streams share writes"). Rounds run in a task of their own beside
+the jobs (:data:`Spawn`), so a job cancelled while its chunks share a round abandons only
+its own seat, and cuts nobody else's round short."""
 
 from __future__ import annotations
 
@@ -45,12 +32,6 @@ PostPipelined: TypeAlias = Callable[[list[tuple[str, bytes]]], Awaitable[list["H
 # stream has boarded already, or the convoy has no linger, ``Backend.round_linger``): the
 # streams whose generators wake in those passes join it.
 BOARDING_PASSES = 3
-
-
-def fits(requests: int, size: int, seat: Seat) -> bool:
-    """Whether a round of *requests* and *size* bytes may board *seat* within the limit
-    (the first seat boards whatever its size: a round holds at most one batch over it)."""
-    return requests + len(seat.bodies) <= BATCH_REQUESTS and size + seat.size <= BATCH_BYTES
 
 
 class ChunkConvoy(ChunkSink):
@@ -157,9 +138,8 @@ class ChunkConvoy(ChunkSink):
 
     async def _next_seat(self) -> bool:
         """Wait, idle, for a seat while a stream is open: whether one boarded. The task
-        stays for the streams' next chunks rather than ending with every round, so a chunk
-        finds it running (the asyncio pump, which starts no task, may then board it:
-        :meth:`boards_now`) and a round costs no task of its own."""
+        stays, so a chunk finds it running (the asyncio pump, which starts no task, may
+        then board it: :meth:`boards_now`)."""
         while not self._waiting:
             if self._streams <= 0:
                 return False
@@ -221,7 +201,8 @@ class ChunkConvoy(ChunkSink):
         requests, size = len(first.bodies), first.size
         while self._waiting:
             seat = self._waiting[0]
-            if not fits(requests, size, seat):
+            # Within the limit: only the first seat boards whatever its size.
+            if requests + len(seat.bodies) > BATCH_REQUESTS or size + seat.size > BATCH_BYTES:
                 break
             boarded.append(self._waiting.popleft())
             requests += len(seat.bodies)

@@ -1,18 +1,8 @@
 """Posting a stream's chunks to the job-stream route: in order, in batches, retried
-(docs/protocol.md §2.4).
-
-Theory of operation
--------------------
-There is one path for a chunk. The runner hands it over (:meth:`ChunkPoster.put`, or
-:meth:`ChunkPoster.put_now` from the asyncio pump); the chunks waiting when the stream's
-:class:`Seat` is free board it as one batch (:meth:`ChunkSink.board`); the sink calls back
-with a verdict per chunk. While every chunk is delivered at the first attempt (the calm
-path) no task of the stream's own runs: the callback boards the next batch. A chunk with
-no verdict (unanswered, or answered with a status worth another attempt) is sent again on
-its own, in order, by a task of the stream (:meth:`ChunkSink.send_chunk`); so is every
-chunk while the sink has no round to join. The platform's sink is
-``_chunk_convoy.ChunkConvoy``; a local one takes chunks in place (:class:`LocalChunks`).
-"""
+(docs/protocol.md §2.4). One path for a chunk: those waiting when the stream's :class:`Seat`
+is free board it as one batch (:meth:`ChunkSink.board`), the sink's answer boards the next,
+and a chunk with no verdict is sent again on its own by a task of the stream
+(:meth:`ChunkSink.send_chunk`)."""
 
 from __future__ import annotations
 
@@ -23,8 +13,7 @@ from typing import TypeAlias
 
 import trio
 
-# Chunks produced ahead of the one being posted; bounded so a fast generator cannot hold
-# an unbounded backlog in memory.
+# Chunks produced ahead of the one being posted: a fast generator's backlog is bounded.
 STREAM_PIPELINE_DEPTH = 64
 # The one batch limit: a stream's batch, and a round of every stream's batches, take
 # chunks up to this many requests or bytes of body. A round cut short by a broken
@@ -129,18 +118,12 @@ class LocalChunks(ChunkSink):
         return True
 
 
-def has_room(requests: int, size: int) -> bool:
-    """Whether a stream's batch of *requests* chunks and *size* bytes may take one more
-    (the chunk taken last may pass :data:`BATCH_BYTES` by its own size)."""
-    return requests < BATCH_REQUESTS and size < BATCH_BYTES
-
-
 def take_batch(pending: deque[bytes]) -> list[bytes]:
     """The first chunks of *pending* (not empty), while the batch has room within the one
-    limit (:func:`has_room`): the last one taken may pass the byte limit by its own size."""
+    limit: the last one taken may pass the byte limit by its own size."""
     batch = [pending.popleft()]
     size = len(batch[0])
-    while pending and has_room(len(batch), size):
+    while pending and len(batch) < BATCH_REQUESTS and size < BATCH_BYTES:
         body = pending.popleft()
         batch.append(body)
         size += len(body)
@@ -149,16 +132,9 @@ def take_batch(pending: deque[bytes]) -> list[bytes]:
 
 class ChunkPoster:
     """One stream's chunks, posted in order; the indexes of those finally lost go to
-    :attr:`undelivered`.
-
-    :meth:`put` does not switch tasks while fewer than :data:`STREAM_PIPELINE_DEPTH`
-    chunks wait. On trouble a task of the stream takes over, later chunks waiting behind
-    it. The stream's budget is counted from its last sign of life (its start, or the last
-    chunk acknowledged): an outage shorter than *budget* loses no chunk, and a dead
-    platform costs the budget once, not once per chunk. A chunk refused with a status
-    worth another attempt is sent again after the chunks already on their way behind it
-    (a faulty platform can reorder, never lose, chunks of one batch), and after any
-    trouble the next batch goes one chunk at a time until a batch is delivered whole.
+    :attr:`undelivered`. :meth:`put` does not switch tasks while fewer than
+    :data:`STREAM_PIPELINE_DEPTH` chunks wait. *budget* counts from the stream's last sign
+    of life (docs/protocol.md §2.4, "Losses").
     """
 
     def __init__(
