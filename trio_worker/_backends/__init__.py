@@ -1,18 +1,6 @@
-"""Where the user's async code runs: one interface, one class per backend, chosen once.
-
-Everything that differs between running async handlers on trio and on asyncio sits behind
-:class:`Backend` (``_interface.py``), in the manner of anyio's ``AsyncBackend``: the
-options pick one (:func:`default_backend` when the user names none, docs/design.md §2),
-and the runner, the handlers, the worker and the local modes call it without asking which.
-
-- ``_trio.py``: nothing stands between the supervisor and the user's coroutine.
-- ``_asyncio.py``: the user's coroutines and async generators are tasks of an asyncio loop
-  that hosts the worker's trio run as its guest (``_host.py``), and hand their chunks off
-  to the runner where they are yielded.
-
-``_asyncio`` (and asyncio) is imported only when a worker uses the asyncio backend: a
-trio-backend worker never imports asyncio.
-"""
+"""Where the user's async code runs: one interface (:class:`Backend`), one class per
+backend, chosen once by the options (docs/how-it-works.md, the module map and "The asyncio
+backend"). ``_asyncio`` (and asyncio) is imported only when a worker asks for it."""
 
 from __future__ import annotations
 
@@ -23,7 +11,6 @@ from ._interface import AsyncBackend as AsyncBackend
 from ._interface import Backend as Backend
 from ._interface import Holds as Holds
 from ._interface import default_backend as default_backend
-from ._interface import is_async_callable as is_async_callable
 from ._interface import makes_coroutine as makes_coroutine
 from ._interface import unwrap_callable as unwrap_callable
 from ._trio import TrioBackend

@@ -1,10 +1,6 @@
-"""The asyncio backend: async handlers run as asyncio tasks on one loop that lives as long
-as the worker, with the worker's trio run as its guest (``_host.py``; docs/how-it-works.md,
-the asyncio backend).
-
-Imported only when a worker asks for this backend (``BACKENDS``): a trio-backend worker
-never imports asyncio.
-"""
+"""The asyncio backend: async handlers run as asyncio tasks on the loop that hosts the
+worker's trio run (docs/how-it-works.md, "The asyncio backend"); imported only when a
+worker asks for it."""
 
 from __future__ import annotations
 
@@ -137,12 +133,9 @@ def _result(task: asyncio.Task[T]) -> T:
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
-    """Done callback of a task whose caller has moved on: what it raised is not news.
-
-    Without it, a task that ends with an error after its caller stopped waiting (abandoned
-    at the end of the shutdown grace, or past a bound) makes asyncio log "Task exception was
-    never retrieved", with the user's traceback, when the task is garbage collected.
-    """
+    """Done callback of a task whose caller has moved on: without it, a task that ends with
+    an error after its caller stopped waiting makes asyncio log "Task exception was never
+    retrieved", with the user's traceback, when the task is garbage collected."""
     if not task.cancelled():
         task.exception()
 
@@ -155,17 +148,15 @@ async def await_on_asyncio(
 ) -> T:
     """Await *awaitable* as an asyncio task on the host loop, from a trio task.
 
-    If the trio scope is cancelled, the asyncio task is cancelled and awaited (shielded)
-    before ``trio.Cancelled`` propagates. A task that swallows its cancellation holds its
-    caller for at most *cancel_bound* seconds and no later than the end of the shutdown
-    grace (``waits``; local mode has none), as a sync handler's thread does.
+    Once cancelled, the task is cancelled and awaited (shielded) before ``trio.Cancelled``
+    propagates: at most *cancel_bound* seconds, and no later than the end of the shutdown
+    grace (``waits``; local mode has none).
     """
     loop = host_loop()
     coro: Coroutine[Any, Any, T] = (
         awaitable if inspect.iscoroutine(awaitable) else _as_coroutine(awaitable)
     )
-    # The task copies this trio task's context: progress_update and the job's output
-    # attribution see the job.
+    # It copies this task's context: progress_update and output attribution see the job.
     task = loop.create_task(_contained(coro))
     finished = trio.Event()
     task.add_done_callback(lambda _: finished.set())
@@ -220,17 +211,11 @@ async def _call(fn: Callable[[], Any]) -> None:
 
 
 class AsyncioChunks:
-    """An async generator running on the asyncio host, read from trio.
-
-    One asyncio task pumps the generator into a bounded buffer and wakes the trio reader
-    only when it waits, so a burst of chunks costs one wake-up, not one task per chunk.
-    A chunk yielded while the reader waits with nothing buffered goes to :attr:`offer`
-    first (``Backend.hand_off``), in the pump itself: paced chunks (a token at a time)
-    then wake no trio task of their own (docs/how-it-works.md, the asyncio backend).
-    ``aclose()`` cancels the pump (the generator sees ``asyncio.CancelledError`` where it
-    waits, or ``GeneratorExit`` at its ``yield``) and waits for the generator's cleanup:
-    *close_bound* seconds at most, and no later than the end of the shutdown grace
-    (*waits*), after which a plain handler's task is no longer waited for either.
+    """An async generator running on the asyncio host, read from trio: one asyncio task
+    pumps it, offering a chunk to :attr:`offer` while the reader waits with nothing
+    buffered (docs/how-it-works.md, "The asyncio backend"). ``aclose()`` cancels the pump
+    and waits for the generator's cleanup at most *close_bound* seconds, and no later than
+    the end of the shutdown grace (*waits*).
     """
 
     def __init__(self, source: AsyncIterator[Any], *, close_bound: float, waits: Holds) -> None:

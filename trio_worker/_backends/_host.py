@@ -1,12 +1,5 @@
-"""The asyncio loop that hosts the worker's trio run as its guest (docs/how-it-works.md,
-the asyncio backend).
-
-trio runs as a guest of asyncio (``trio.lowlevel.start_guest_run``): its ticks are callbacks
-of the loop, on the loop's thread, so the user's asyncio code and the supervisor share one
-thread and one loop that lives as long as the worker. Only trio's public guest-mode API is
-used: when trio has nothing to run, it waits for its I/O in its own helper thread, which
-hands the events back through ``call_soon_threadsafe``.
-"""
+"""The asyncio loop that hosts the worker's trio run as its guest, through trio's public
+guest-mode API only (docs/how-it-works.md, "The asyncio backend")."""
 
 from __future__ import annotations
 
@@ -79,12 +72,10 @@ def _run_through_escapes(loop: asyncio.AbstractEventLoop, main: asyncio.Task[T])
     """Run the loop until *main* is done.
 
     asyncio lets a SystemExit or KeyboardInterrupt raised in a task out of the loop at
-    once (the task keeps it as its exception, for whoever awaits it). The handlers' own
-    coroutines are wrapped against that (``_asyncio.py``), but not a task a handler
-    starts. The first such exit is handed to the worker serving on this loop, which shuts
-    down within its grace and then raises it (the handler that awaits the task also sees
-    it, and its job is reported with the exit status); the loop resumes meanwhile. A second
-    one (a second Ctrl-C), or one with no worker to tell, ends the loop at once as before.
+    once. The handlers' own coroutines are wrapped against that (``_asyncio.py``), not a
+    task a handler starts: the first such exit is handed to the worker serving on this
+    loop, which shuts down within its grace and then raises it, and the loop resumes. A
+    second one (a second Ctrl-C), or one with no worker to tell, ends the loop at once.
     """
     handed = False
     while True:

@@ -40,12 +40,8 @@ class Backend(ABC):
     """What the worker asks of the loop that runs the user's async code."""
 
     name: AsyncBackend
-    #: Seconds a round of stream chunks waits for more streams' chunks before it leaves,
-    #: unless every open stream has boarded sooner (``_chunk_convoy.py``): streams board
-    #: the moment a chunk is ready (docs/protocol.md §2.4), so a round that left at once
-    #: would often carry the one chunk that woke it. Each round costs the loop a wait for
-    #: its answers, dearer where trio is asyncio's guest (docs/benchmarks.md, the stream
-    #: convoy).
+    #: Seconds a round of stream chunks waits for more streams' chunks, unless every open
+    #: stream boards sooner (docs/protocol.md §2.4, "Streams share writes").
     round_linger: float
 
     @abstractmethod
