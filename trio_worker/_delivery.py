@@ -82,7 +82,8 @@ class Delivery:
                 outcome.last_error = f"{outcome.last_error}; superseded by a newer update"
                 return
             delay = self.retry_wait(outcome.attempts, outcome.retry_after)
-            if _worth_logging(outcome.attempts):
+            # Attempts 1, 2, 4, 8...: an outage of minutes shows without a line a second.
+            if outcome.attempts & (outcome.attempts - 1) == 0:
                 log.warning(
                     "report for job %s failed (%s, attempt %d); retrying in %.2fs",
                     job_id,
@@ -154,7 +155,10 @@ class Delivery:
             REFUSED[status],
             len(body),
         )
-        replacement = self._refusal_body(job_id, status, body)
+        refused = notice(
+            "ResultRefused", job_id=job_id, status=status, reason=REFUSED[status], size=len(body)
+        )
+        replacement = self.payloads.error(refused, stop_pod=_asks_stop_pod(body))
         # The refused body was not stored: the notice is the final the watchdog would send.
         if self.finals is not None:
             self.finals.final(job_id, replacement, is_stream=is_stream)
@@ -162,17 +166,6 @@ class Delivery:
         await self.post(url, replacement, job_id=job_id, outcome=refusal)
         outcome.delivered, outcome.attempts = refusal.delivered, refusal.attempts
         outcome.last_error = refusal.last_error and f"{refusal.last_error} (refusal report)"
-
-    def _refusal_body(self, job_id: str, status: int, body: bytes) -> bytes:
-        refusal = notice(
-            "ResultRefused", job_id=job_id, status=status, reason=REFUSED[status], size=len(body)
-        )
-        return self.payloads.error(refusal, stop_pod=_asks_stop_pod(body))
-
-
-def _worth_logging(attempt: int) -> bool:
-    """Attempts 1, 2, 4, 8, ...: an outage of minutes is visible without a line a second."""
-    return attempt & (attempt - 1) == 0
 
 
 def _asks_stop_pod(body: bytes) -> bool:
