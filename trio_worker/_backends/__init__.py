@@ -24,8 +24,7 @@ T = TypeVar("T")
 
 
 class _Backends(Mapping[str, Backend]):
-    """The backends by name, each built once; the asyncio one (and with it asyncio) only
-    when a worker asks for it."""
+    """The backends by name, each built once, the asyncio one when first asked for."""
 
     def __init__(self) -> None:
         self._built: dict[str, Backend] = {"trio": TrioBackend()}

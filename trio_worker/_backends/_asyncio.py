@@ -161,9 +161,8 @@ async def await_on_asyncio(
     finished = trio.Event()
     task.add_done_callback(lambda _: finished.set())
     try:
-        # The task's first step runs at the loop's next turn, before trio's next tick: a
-        # coroutine that ends in it (a quick handler) is taken then, and trio need not
-        # wait in its helper thread to be woken for it (docs/how-it-works.md).
+        # Its first step runs before trio's next tick: a quick handler is taken then, with
+        # no wait in trio's helper thread (docs/how-it-works.md, "The asyncio backend").
         await trio.lowlevel.checkpoint()
         if not task.done():
             await finished.wait()

@@ -26,13 +26,7 @@ def host_run(
     clock: trio.abc.Clock | None = None,
     instruments: tuple[trio.abc.Instrument, ...] = (),
 ) -> T:
-    """:func:`trio_worker.run_asyncio_host`: ``trio.run(async_fn, *args)`` as the guest of
-    a new asyncio loop.
-
-    Raises:
-        asyncio.CancelledError: the loop's main task was cancelled (asyncio code cancelled
-            every task), once the trio run it cancelled in turn has ended.
-    """
+    """:func:`trio_worker.run_asyncio_host`, whose docstring is its contract."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
@@ -91,9 +85,8 @@ def _run_through_escapes(loop: asyncio.AbstractEventLoop, main: asyncio.Task[T])
             handed = True
 
 
-# How long the tasks the user's code left on the loop (an engine's background loop) get to
-# finish once cancelled. asyncio.run() would wait for them without end, so one task that
-# swallows its cancellation would keep the process from ever exiting.
+# How long the tasks user code left on the loop get to finish once cancelled: asyncio.run()
+# would wait for ever for one that swallows its cancellation.
 LEFTOVER_BOUND = 1.0
 
 
