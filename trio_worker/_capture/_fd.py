@@ -81,12 +81,10 @@ class OutputCapture:
     def install(
         cls, *, redactor: Redactor, tail_bytes: int = 1 << 20, feed: Feed | None = None
     ) -> OutputCapture:
-        """Capture fds 1 and 2 for the rest of the process life (or until `stop`).
+        """Capture fds 1 and 2 (passed through, in order per fd) until `stop` or exit.
 
-        Everything still passes through to the real stdout/stderr, in order per fd.
         Captures nest if stopped in LIFO order. Raises OSError if fd 1 or 2 is not open.
-        With *feed* (a watched worker, `_feed`), fds 1/2 are left alone: the crash
-        watchdog already reads them and passes through; this reads its copies.
+        With *feed* (a watched worker), fds 1/2 are the crash watchdog's: this reads its copies.
         """
         if tail_bytes <= 0:
             raise ValueError(f"tail_bytes must be positive, got {tail_bytes}")
@@ -138,11 +136,8 @@ class OutputCapture:
             return self._total
 
     def mark_nowait(self) -> int:
-        """Like :meth:`mark` without the flush: cheap enough for every job's start.
-
-        Output still buffered in Python or C stdio at this moment counts as after the mark;
-        for a job's logs that is a little extra context, never a loss.
-        """
+        """Like :meth:`mark` without the flush, cheap enough for every job's start: output
+        still buffered in stdio then counts as the job's (extra context, never a loss)."""
         with self._cond:
             return self._total
 
