@@ -1,48 +1,7 @@
-"""The ``error_category`` of a failure: an ordered, documented rule table (docs/design.md §7).
+"""The ``error_category`` of a failure: an ordered rule table, first match wins.
 
-Why a category at all: the person reading a FAILED job in the console (or the tool that
-pages them) needs to know at a glance whether to fix their code, their image, their model
-repository or their GPU host. A Python class name cannot say that: a CUDA out-of-memory is
-a ``torch.OutOfMemoryError`` in one release, a ``RuntimeError`` in another, and only a line
-of kernel output when the OOM killer took a child process.
-
-Theory of operation
--------------------
-``RULES`` is read top to bottom and the **first rule that matches wins**. A rule matches
-when one of its ``exception_types`` names a class anywhere in the MRO of an exception in
-the chain, or one of its ``patterns`` is found in a message of the chain.
-
-The evidence is read in two tiers:
-
-1. the exception chain: the exception, its ``__cause__`` and ``__context__`` (even a
-   context hidden by ``raise ... from None``: hiding it is a display choice, the evidence is
-   still true), the members of an ``ExceptionGroup``, and their ``__notes__``;
-2. only when no rule matched the chain, the captured output.
-
-The exception is read first because it is specific to this failure, while the captured
-output is a shared, noisy tail: a model loader that logged a retried "Connection refused"
-ten minutes ago should not make a later ``PermissionError`` a network problem. The output
-tier is what classifies failures the exception cannot describe: a child process killed by
-the OOM killer, an engine whose core process died ("see root cause above"), NCCL warnings
-printed by C++ code.
-
-Order encodes precedence. The table (and the messages each rule was tested against) is
-``docs/error-categories.md``; ``tests/test_categories.py`` checks that the two agree.
-Notable choices:
-
-- ``out_of_memory`` comes before ``cuda_error``: "CUDA error: out of memory" and
-  ``CUBLAS_STATUS_ALLOC_FAILED`` are out-of-memory conditions, not driver faults.
-- ``cuda_error`` comes before ``import_error``: an ``ImportError`` because
-  ``libcudart.so.12`` cannot be opened is a CUDA installation problem.
-- Hugging Face offline errors (``LocalEntryNotFoundError`` is also a
-  ``FileNotFoundError``) are ``network``; a gated or unauthorised repository (HTTP 401/403)
-  is ``permission``. Both come before ``file_not_found``.
-- ``timeout`` and ``worker_shutdown`` are never produced here: only the SDK's own init
-  deadline is a ``timeout`` and only the SDK's shutdown is a ``worker_shutdown``; the caller
-  passes those explicitly. A ``TimeoutError``, ``trio.TooSlowError``, ``socket.timeout`` or
-  ``asyncio.TimeoutError`` raised by user code is the user's own error (docs/design.md I4): it is
-  classified by its message like any other exception, which usually means ``unknown``
-  (``network`` when it says, for example, "[Errno 110] Connection timed out").
+The rules, their order and the reasons for it are ``docs/error-categories.md`` (checked
+against ``RULES`` by ``tests/test_categories.py``); why categories exist is docs/design.md §7.
 """
 
 from __future__ import annotations
@@ -71,9 +30,8 @@ Category = Literal[
     "unknown",
 ]
 
-# Bounds that keep classification cheap on the error path whatever the user raised:
-# huge messages are read by their head and tail, and pathological chains or groups are
-# walked only so far.
+# Bounds that keep classification cheap whatever the user raised: huge texts are read by
+# their head and tail, pathological chains or groups walked only so far.
 _MAX_TEXT_SCAN = 64 * 1024
 _MAX_CHAIN = 64
 
@@ -82,26 +40,22 @@ _MAX_CHAIN = 64
 class Rule:
     """One row of the category table.
 
-    ``exception_types`` are class names (``cls.__name__``) looked up in the whole MRO, so
-    ``"ConnectionError"`` also matches ``ConnectionRefusedError`` and
-    ``requests.exceptions.ConnectionError``. ``patterns`` are written in lower case and
-    searched in the lower-cased messages of the exception chain and, in the second tier, in
-    the lower-cased captured output.
+    ``exception_types`` are class names (``cls.__name__``) looked up in the whole MRO.
+    ``patterns`` are lower case, searched in the lower-cased messages of the exception chain
+    and then of the captured output.
     """
 
     category: Category
     name: str
     exception_types: tuple[str, ...]
     patterns: tuple[re.Pattern[str], ...]
-    description: str
 
 
 def _lc(*regexes: str) -> tuple[re.Pattern[str], ...]:
     """Patterns written in lower case, matched against lower-cased text.
 
-    Case-insensitive in effect (tracebacks, logs and C libraries disagree on case), but a
-    case-sensitive search is about 20 times faster: re only skips ahead by a literal prefix
-    when matching case-sensitively, which is also why no pattern starts with ``\\b``.
+    Case-insensitive in effect, but faster: re only skips ahead by a literal prefix when
+    matching case-sensitively, which is also why no pattern starts with ``\\b``.
     """
     return tuple(re.compile(r) for r in regexes)
 
@@ -112,6 +66,7 @@ _CUDA_LIBRARY = (
     r"|nvjitlink|nvtoolsext|nvidia-ml)\b[\w.\-]*\.so"
 )
 
+# Order is precedence (docs/error-categories.md, "Why this order").
 RULES: tuple[Rule, ...] = (
     Rule(
         category="out_of_memory",
@@ -130,10 +85,6 @@ RULES: tuple[Rule, ...] = (
             r"cudnn_status_alloc_failed\b",
             r"cudaerrormemoryallocation\b",
             r"cuda_error_out_of_memory\b",
-        ),
-        description=(
-            "Host or GPU memory exhausted: CUDA/HIP out of memory, MemoryError, "
-            "std::bad_alloc, ENOMEM, the kernel OOM killer, allocator failures in cuBLAS/cuDNN."
         ),
     ),
     Rule(
@@ -176,11 +127,6 @@ RULES: tuple[Rule, ...] = (
             r"xid \(pci:",
             _CUDA_LIBRARY,
         ),
-        description=(
-            "The GPU stack failed: CUDA/HIP runtime errors, device-side asserts, illegal "
-            "memory access, cuBLAS/cuDNN/NCCL errors, Xid events, no GPU or driver too old, "
-            "missing CUDA libraries."
-        ),
     ),
     Rule(
         category="disk_full",
@@ -195,10 +141,6 @@ RULES: tuple[Rule, ...] = (
             r"edquot\b",
             r"insufficient shared memory \(shm\)",
         ),
-        description=(
-            "A filesystem is full (ENOSPC) or over quota (EDQUOT), including /dev/shm; "
-            "usually the container disk or the network volume."
-        ),
     ),
     Rule(
         category="import_error",
@@ -212,11 +154,8 @@ RULES: tuple[Rule, ...] = (
             r"undefined symbol: ",
             r"dll load failed",
         ),
-        description=(
-            "A Python module or native library could not be loaded: ModuleNotFoundError, "
-            "ImportError, a missing .so, an undefined symbol (ABI mismatch)."
-        ),
     ),
+    # Before file_not_found: LocalEntryNotFoundError is also a FileNotFoundError.
     Rule(
         category="network",
         name="hf_offline",
@@ -225,11 +164,8 @@ RULES: tuple[Rule, ...] = (
             r"we couldn't connect to '",
             r"cannot find the requested files in the local cache",
         ),
-        description=(
-            "Hugging Face could not reach the Hub and the file is not cached. Listed before "
-            "file_not_found because LocalEntryNotFoundError is also a FileNotFoundError."
-        ),
     ),
+    # Before file_not_found: GatedRepoError subclasses RepositoryNotFoundError.
     Rule(
         category="permission",
         name="hf_access",
@@ -239,11 +175,6 @@ RULES: tuple[Rule, ...] = (
             r"403 client error\b",
             r"access to model \S+ is restricted",
             r"gated repo\b",
-        ),
-        description=(
-            "A model repository refused access: gated repository, missing or invalid "
-            "HF_TOKEN (HTTP 401/403). The Hub also answers 401 for a repository that does not "
-            "exist when no token is sent, so a typo in a repo id can land here."
         ),
     ),
     Rule(
@@ -263,10 +194,6 @@ RULES: tuple[Rule, ...] = (
             r"repository not found\b",
             r"revision not found\b",
             r"is not a local folder and is not a valid model identifier",
-        ),
-        description=(
-            "A file, model file, repository or revision does not exist: FileNotFoundError, "
-            "ENOENT, Hugging Face 404s."
         ),
     ),
     Rule(
@@ -313,11 +240,6 @@ RULES: tuple[Rule, ...] = (
             r"5\d\d server error\b",
             r"429 client error\b",
         ),
-        description=(
-            "A remote host could not be reached or failed: DNS, refused or reset "
-            "connections, connect/read timeouts of HTTP clients, HTTP 5xx and 429, pip "
-            "unable to download a package."
-        ),
     ),
     Rule(
         category="permission",
@@ -332,10 +254,6 @@ RULES: tuple[Rule, ...] = (
             r"eacces\b",
             r"eperm\b",
         ),
-        description=(
-            "The operating system refused: EACCES, EPERM, a read-only filesystem "
-            "(for example writing into the image's read-only layers or a mounted volume)."
-        ),
     ),
 )
 
@@ -345,13 +263,6 @@ def classify(exc: BaseException | None, output: str = "") -> Category:
 
     Never returns ``"timeout"`` or ``"worker_shutdown"``: those are set by the caller for
     the SDK's own init deadline and shutdown. Returns ``"unknown"`` when no rule matches.
-
-    >>> classify(MemoryError())
-    'out_of_memory'
-    >>> classify(RuntimeError("engine died"), output="CUDA error: device-side assert triggered")
-    'cuda_error'
-    >>> classify(TimeoutError("timed out"))
-    'unknown'
     """
     if exc is not None:
         chain = list(_walk(exc))
@@ -386,11 +297,6 @@ def classify_crash(code: int, output: str, *, oom_killed: bool) -> Category:
     (*oom_killed*); what a CUDA line in the last output says (``cuda_error``, or
     ``out_of_memory`` for "CUDA out of memory"); ``segfault`` for a fatal signal of native
     code; else the rules above on the output.
-
-    >>> classify_crash(-11, "RuntimeError: CUDA error: an illegal memory access", oom_killed=False)
-    'cuda_error'
-    >>> classify_crash(-11, "", oom_killed=False)
-    'segfault'
     """
     if code == -signal.SIGKILL and oom_killed:
         return "out_of_memory"
@@ -442,8 +348,7 @@ def _messages(exc: BaseException) -> list[str]:
 
 
 def _scan_text(text: str) -> str:
-    """Head and tail of a huge text, so matching stays fast; the middle of a 2 MB message
-    is very unlikely to be the only place a rule's evidence appears."""
+    """Head and tail of a huge text, so matching stays fast whatever the user raised."""
     if len(text) <= _MAX_TEXT_SCAN:
         return text
     half = _MAX_TEXT_SCAN // 2
