@@ -1,27 +1,12 @@
 """The worker's state and rules, with no I/O: h11's rule 1 for the worker.
 
-Theory of operation
--------------------
-Everything the supervisor decides on lives here, in synchronous objects the trio tasks
-*drive*; docs/how-it-works.md draws the tables (``scripts/state_diagrams.py``).
-
-* ``TRANSITIONS`` moves one job (:class:`HeldJob`), held from the moment a take answer
-  carrying it is parsed until its terminal report is acknowledged or given up, or it is
-  stopped or released (docs/design.md §4 I1). A stop or a release is requested first
-  (``STOPPING``, ``RELEASING``: its scope is cancelled, its task unwinds), then settled.
-* ``PHASE_TRANSITIONS`` moves the worker (:class:`WorkerState`), which also holds the
-  deadlines a stop sets: one call changes the phase and every deadline.
-* The decisions (``on_admit``, ``on_cancelled``, ...) are pure functions of these states.
-  A stop the platform asked for wins over everything; an init failure over a malformed job
-  or a release; a release is decided when it is requested, by the gate as it is then
-  (docs/design.md §9).
-
-No I/O happens here: what the outside must learn goes through hooks the supervisor
-installs (``records``: the crash watchdog's records, when watched; ``on_change``).
-
-The ledger's tuple of held ids (read by the heartbeat thread) is rebuilt lazily, once per
-change a read follows (rebuilt on every change, a take of 200,000 jobs cost O(n²),
-docs/security.md), under a lock so that thread never sees the dict mid-change.
+Theory of operation: ``TRANSITIONS`` moves one job (:class:`HeldJob`), ``PHASE_TRANSITIONS``
+the worker (:class:`WorkerState`, with the deadlines a stop sets); the decisions
+(``on_admit``, ``on_cancelled``, ...) are pure functions of these states. The trio tasks only
+fire events; what the outside must learn goes through hooks (``records``, ``on_change``).
+docs/how-it-works.md, "The state and its deadlines" and "The job state machine", explains
+and draws the tables (``scripts/state_diagrams.py``); "The ledger" and docs/security.md
+why the held ids' snapshot is rebuilt lazily, once per read that follows a change.
 """
 
 from __future__ import annotations
@@ -264,17 +249,10 @@ class Ledger:
 
 
 class WorkerState:
-    """The worker's phase, its gate, and the deadlines a stop sets: :attr:`deadline` (every
-    wait; a report keeps a floor, :meth:`report_deadline`), :attr:`grace_end` (the jobs and
-    their threads), :attr:`take_end` (a take in flight: ``take_drain`` into a shutdown,
-    ``claim_grace`` after an init failure). Deadlines only move earlier; ``on_change`` runs
-    after each move (``_scopes`` moves the scopes bound to them), ``observers`` see each
-    phase change as ``f(before, event, after)``.
-
-    >>> from trio_worker import Timings
-    >>> state = WorkerState(Timings(shutdown_grace=20.0, take_drain=0.5))
-    >>> state.drain("SIGTERM", now=100.0), state.phase.value, state.deadline, state.take_end
-    (True, 'draining', 120.0, 100.5)
+    """The worker's phase, its gate, and the deadlines a stop sets (:attr:`deadline`,
+    :attr:`grace_end`, :attr:`take_end`: docs/how-it-works.md, "The state and its
+    deadlines"). Deadlines only move earlier; ``on_change`` runs after each move,
+    ``observers`` see each phase change as ``f(before, event, after)``.
     """
 
     def __init__(self, timings: Timings) -> None:
