@@ -1,10 +1,6 @@
-"""Leaving the process: flush everything, then ``os._exit`` (docs/design.md §6.3, §9).
+"""Leaving the process: flush everything, then ``os._exit``, bounded by watchdogs.
 
-``sys.exit`` joins every non-daemon thread, so a framework's leftover thread (a dataloader,
-an executor, an abandoned initializer) can keep a dead worker alive for ever. ``os._exit``
-cannot hang, but it drops whatever is still buffered (it skips cleanup handlers and stdio
-flushing: https://docs.python.org/3/library/os.html#os._exit), so the flush sequence runs
-first, under a watchdog that exits anyway if a flush hangs.
+Why ``os._exit`` and not ``sys.exit``, and the bounds on leaving: docs/design.md §6.3, §9.
 """
 
 from __future__ import annotations
@@ -34,20 +30,16 @@ log = logging.getLogger("trio_worker")
 
 # How long the watchdog waits for the event loop to say whether reports are in flight.
 _LOOP_ANSWER_BOUND = 1.0
-# A signal this worker got directly and the same signal forwarded by the crash watchdog
-# this close together are one delivery: systemd's control-group kill, a `kill` on a
-# process group or `pkill` reach both processes at once, while a person's second Ctrl-C
-# or a platform's second SIGTERM comes later, and only through the watchdog.
+# A signal got directly and the same one forwarded by the crash watchdog this close
+# together are one delivery (docs/design.md §13.1).
 TWIN_WINDOW = 1.0
 
 
 class SignalCount:
-    """How many separate stop signals arrived (docs/design.md §13.1).
+    """How many separate stop signals arrived (docs/design.md §13.1); pure.
 
-    Pure: the caller gives each arrival's signal, whether the crash watchdog forwarded it
-    (its pipe) or it came directly, and the monotonic time. A direct arrival and a
-    forwarded one of the same signal within ``TWIN_WINDOW`` of each other pair up and
-    count once; two of the same kind never pair (they are two deliveries).
+    A direct arrival and a forwarded one of the same signal within ``TWIN_WINDOW`` of each
+    other count once; two of the same kind never pair (they are two deliveries).
     """
 
     def __init__(self, window: float = TWIN_WINDOW) -> None:
@@ -90,14 +82,9 @@ def exit_status(exc: SystemExit | KeyboardInterrupt) -> int:
 
 
 def run_atexit_handlers(bound: float, capture: OutputCapture | None = None) -> None:
-    """Run what the user registered with ``atexit``, within *bound* seconds.
-
-    ``os._exit`` skips them, yet libraries rely on them at a clean exit (runpod's
-    VolumeCache syncing a model cache to the network volume, telemetry and profiler
-    flushes). They run in a daemon thread so that one that hangs costs *bound*, and the
-    flush after it still runs. An exception in one is printed by ``atexit`` itself and
-    the next one runs. *capture*'s own stop is taken out of them: it runs after them, in
-    `flush_all`, so their output is still captured and its flush does not eat their bound.
+    """Run what the user registered with ``atexit``, within *bound* seconds (docs/design.md
+    §6.3). *capture*'s own stop is taken out of them: it runs after them, in `flush_all`,
+    so their output is still captured and its flush does not eat their bound.
     """
     if capture is not None:
         atexit.unregister(capture.stop)
@@ -121,12 +108,10 @@ def exit_process(
 ) -> NoReturn:
     """Flush, then end the process with *status* whatever threads are still running.
 
-    A flush that hangs (a stuck pipe, a logging handler blocked on the network) gets
-    *watchdog_seconds* (``Timings.exit_flush_watchdog``) before the process ends anyway.
-    *farewell*, the line saying why, is logged under that watchdog too: logging takes
-    locks, and a signal handler runs on whatever the main thread was doing, perhaps
-    holding one of them. *at_exit*: the ``atexit`` handlers run first, within half of
-    that bound (:func:`run_atexit_handlers`); an exit "at once" passes False.
+    A flush that hangs gets *watchdog_seconds* before the process ends anyway. *farewell*
+    is logged under that watchdog too: logging takes locks, and a signal handler may have
+    interrupted their holder. *at_exit*: the ``atexit`` handlers run first, within half
+    that bound; an exit "at once" passes False.
     """
     watchdog = threading.Timer(watchdog_seconds, os._exit, args=(status,))
     watchdog.daemon = True
@@ -142,20 +127,13 @@ def exit_process(
 
 
 class ExitGuard:
-    """``start()``'s bound on leaving (docs/design.md §9): signals, and a watchdog.
+    """``start()``'s bound on leaving: SIGTERM and SIGINT, and the exit watchdog.
 
-    It owns SIGTERM and SIGINT as plain Python handlers, which run in the main thread
-    even while the event loop is blocked (a handler calling ``time.sleep`` on it): the
-    first signal asks the worker to shut down and arms the watchdog; a second one exits at
-    once, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT). A watched worker also
-    reads the signals its crash watchdog forwards (*forwarded*, a pipe, on a thread of its
-    own); a signal that reached this process both ways counts once (:class:`SignalCount`).
-
-    The watchdog fires ``shutdown_grace + exit_watchdog`` after the shutdown began. If the
-    loop answers that reports are still being delivered (each under its own deadline), it
-    waits another ``exit_watchdog``; otherwise the process ends with status 1. The
+    Plain Python signal handlers, so they run even while the event loop is blocked; the
+    signals the crash watchdog forwards arrive on *forwarded* (a pipe). What the first and
+    a second signal do, and when the watchdog ends the process: docs/design.md §9. The
     supervisor calls :meth:`settled` once every report is out while a handler that ignored
-    its cancellation still runs: the process then ends at once with status 0.
+    its cancellation still runs.
     """
 
     def __init__(
@@ -250,11 +228,10 @@ class ExitGuard:
         self.stop(f"{name} received")
 
     def stop(self, reason: str, *, on_loop: bool = False) -> None:
-        """Begin the worker's shutdown, armed: every shutdown of ``start()``'s worker comes
-        through here (a signal, ``refresh_worker``, a handler's ``sys.exit``), so the exit
-        watchdog is armed in this one place. Safe from a signal handler or any thread: it
-        only queues the shutdown for the loop, unless *on_loop* says the caller is a task
-        of that loop (never a signal handler, which may interrupt one)."""
+        """Begin the worker's shutdown and arm the exit watchdog: every shutdown of
+        ``start()``'s worker comes through here. Safe from a signal handler or any thread:
+        it only queues the shutdown for the loop, unless *on_loop* says the caller is a
+        task of that loop (never a signal handler, which may interrupt one)."""
         self._arm(self._timings.shutdown_grace + self._timings.exit_watchdog)
         if self._token is None or self._shutdown is None:
             self._pending = reason  # the worker is still being built
@@ -306,9 +283,9 @@ class ExitGuard:
 def watched_process(
     settings: Settings, options: WorkerOptions
 ) -> tuple[OutputCapture | None, ExitGuard]:
-    """What every serving mode of the process sets up first: the crash watchdog (docs/design.md
-    §13; only the worker process returns from here), the output capture, and the exit guard
-    that reads the signals the watchdog forwards (installed by the caller when it serves)."""
+    """What every serving mode of the process sets up first: the crash watchdog (only the
+    worker process returns from here), the output capture, and the exit guard (installed
+    by the caller when it serves)."""
     watched = watch_crashes(
         settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
     )
