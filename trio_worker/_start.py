@@ -1,12 +1,6 @@
 """``start()``: the whole worker process, as ``runpod.serverless.start`` is.
 
-See docs/design.md §2, §9 and §10.
-
-It picks the mode the way the reference does: ``--rp_serve_api`` runs the local endpoint;
-``--test_input`` (or no ``RUNPOD_WEBHOOK_GET_JOB`` at all) runs the handler once locally;
-otherwise the queue worker runs until it is told to stop. It never returns: the process
-exits through :func:`exit_process` with status 0 (shutdown, local success) or 1 (init
-failure, local failure, bad configuration).
+It picks the mode as the reference does and never returns (docs/design.md §2, §9, §10).
 """
 
 from __future__ import annotations

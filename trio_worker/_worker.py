@@ -1,9 +1,7 @@
 """``serve()``: the queue worker inside a trio run (``start()`` wraps it for a process).
 
-``serve()`` keeps the nursery's ExceptionGroups inside: it returns after a shutdown, raises
-:class:`InitializationError` after an init failure has been reported, a plain
-KeyboardInterrupt on a second SIGINT, and :class:`WorkerInternalError` (chained from the
-group) if trio_worker itself has a bug.
+No ExceptionGroup leaves ``serve()``: what its nursery raises becomes one exception
+(:func:`_outside`; docs/reference.md, ``trio_worker.serve``).
 """
 
 from __future__ import annotations
@@ -251,9 +249,7 @@ def _build(
         assert supervisor is not None
         supervisor.spawn_progress(job_id, body)
 
-    # Every body of the worker's jobs, with its identity, built once here.
     payloads = Payloads.for_worker(settings, stop_pod=options.refresh_worker)
-    # The one deadline registry, read by every wait of the worker (docs/how-it-works.md).
     waits = Scopes(settings.timings)
     delivery = Delivery(settings, client, waits, payloads)
     records = crash_records.installed()  # this process is a watched worker
