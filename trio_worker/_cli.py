@@ -1,15 +1,7 @@
 """The ``trio-worker`` command: ``run`` (and ``python -m trio_worker``) and ``dev``.
 
-``trio-worker run handler.py [args]`` is the launcher (``_watch/_launch.py``,
-docs/design.md §13.1): the crash watchdog starts first and runs the file as its child.
-
-``trio-worker dev handler.py`` runs the local endpoint. The handler file is run the way
-``python handler.py --rp_serve_api`` runs it: as ``__main__``, with its own directory
-first on ``sys.path`` (so modules beside it import), and with ``--rp_serve_api`` added to
-its arguments, so its own ``trio_worker.start(...)`` call picks the local endpoint mode.
-``start()`` never returns; a file that runs to its end never called it.
-
-Mistakes on the command line are one line on stderr and exit status 2, as argparse's own.
+What each does, and its usage errors (one line on stderr, status 2): docs/reference.md,
+"The ``trio-worker`` command".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The reference SDK's command line and log level: its ``--rp_*`` and ``--test_input`` flags
 (docs/protocol.md §1), ``test_input.json``, and ``RUNPOD_LOG_LEVEL`` / ``RUNPOD_DEBUG_LEVEL``.
-
-Read once by ``start()``; the platform wiring and the worker's own knobs are in
-``_config.py``.
 """
 
 from __future__ import annotations
@@ -143,11 +140,8 @@ def reference_flags(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_cli(argv: Sequence[str], cwd: Path | None = None) -> LocalArgs:
+def parse_cli(argv: Sequence[str]) -> LocalArgs:
     """Parse the reference's flags from *argv*, ignoring flags that are not ours.
-
-    ``--test_input`` takes JSON; without it a ``test_input.json`` in *cwd* is read, as the
-    reference does, but only when the caller decides the worker is in local mode.
 
     Raises:
         UsageError: when ``--test_input`` has no value or is not JSON, or a port is not a

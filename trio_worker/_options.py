@@ -1,12 +1,8 @@
 """What the user asked for: the keyword arguments of every entry point, spelled out once.
 
-``start()``, ``serve()``, ``start_app()`` and ``trio_worker.testing.serve()`` take their
-options as ``**given`` typed by the ``TypedDict`` classes below (PEP 692), so a type
-checker and an IDE see each keyword, its type and its documentation, and none is written
-out in the entry points themselves. :func:`spelled_out` gives each entry point the
-signature and docstring ``inspect.signature`` and ``help()`` show, built from the same
-classes, and :func:`worker_options` checks every value once, whatever the entry point,
-into one :class:`WorkerOptions` value.
+The entry points take ``**given`` typed by the ``TypedDict`` classes below (PEP 692);
+:func:`spelled_out` builds the signature and docs ``help()`` shows from the same classes,
+and :func:`worker_options` checks every value once into a :class:`WorkerOptions`.
 """
 
 from __future__ import annotations
@@ -214,10 +210,6 @@ def worker_options(
     """Check every option *entry* was given and bundle them; *handler* may be the
     reference's one dict, whose values win. The options that are not the worker's
     (``argv``, ``environ``, ``handle_signals``) are the entry point's to read.
-
-    *async_backend* left unset (in either form: the entry point's default is ``None``)
-    means "asyncio" when any of the user's code (handler, initializer, concurrency
-    callable) is async, and "trio" when it is all sync (docs/design.md §2).
 
     Raises:
         TypeError: for a keyword *entry* does not take, as Python says it.
