@@ -1,12 +1,8 @@
 """Local modes (docs/design.md §10): ``--test_input`` and the local endpoint.
 
-``--test_input`` runs the initializer under the same supervision (deadline, failure record)
-and then the job once through the queue worker's own :class:`~._runner.JobRunner`, whose
-chunks and final report are printed instead of posted: what the platform would reject
-(a non-JSON chunk, an oversized result) fails here too, and the same redaction and clipping
-apply. The local endpoint serves the Runpod endpoint API on localhost from the embedded
-platform, and the real worker loop takes from it over loopback HTTP, so a local run
-exercises the production code path.
+``--test_input`` runs the job once through the queue worker's own
+:class:`~._runner.JobRunner`, its chunks and report printed instead of posted, so what the
+platform would reject fails here too.
 """
 
 from __future__ import annotations
@@ -114,15 +110,9 @@ def run_dev_server(options: WorkerOptions, args: LocalArgs) -> int:
 
 
 def local_endpoint_app(api_host: str, allow_hosts: tuple[str, ...] = ()) -> EndpointApp:
-    """The local endpoint's app: the platform's rules, a guard, and a key for this run.
-
-    The platform's rules (docs/protocol.md §4.1): results expire, at most MAX_FINISHED
-    finished jobs are kept, a job runs 10 minutes at most unless its policy says
-    otherwise, and no request is kept after it is answered. The worker routes take a key
-    made for this run alone, which only the embedded worker is given: neither a page in
-    the developer's browser nor another process on the machine can take a job or forge a
-    result (docs/security.md). *allow_hosts* (``--rp_api_allow_host``) are host names it
-    answers besides this machine's.
+    """The local endpoint's app: the platform's rules (docs/protocol.md §4.1), a guard
+    answering this machine's host names and *allow_hosts*, and a key made for this run
+    alone, given only to the embedded worker (docs/security.md).
     """
     from ._endpoint import EndpointApp, Guard
     from ._endpoint._rules import DEFAULT_EXECUTION_TIMEOUT, MAX_FINISHED
@@ -142,10 +132,9 @@ def local_endpoint_app(api_host: str, allow_hosts: tuple[str, ...] = ()) -> Endp
 def loopback_opener(host: str, port: int) -> StreamOpener:
     """Connections straight to the local endpoint at *host*:*port*, for its embedded worker.
 
-    Loopback never goes through a proxy: a developer's ``HTTP_PROXY`` (and the per-run key
-    with it) must not see the worker's traffic, and an unreachable proxy must not leave
-    ``/runsync`` IN_QUEUE. An injected opener is what the worker's client uses instead of
-    reading the proxy variables, for every route, the heartbeat included.
+    Never through a proxy: a developer's ``HTTP_PROXY`` must not see the per-run key, and an
+    unreachable proxy must not leave ``/runsync`` IN_QUEUE. An injected opener replaces the
+    client's reading of the proxy variables for every route, the heartbeat included.
     """
 
     from ._platform._network import open_tcp_stream
