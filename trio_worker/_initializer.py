@@ -1,15 +1,8 @@
 """Running the initializer under the SDK's deadline, and the record of its failure.
 
-See docs/design.md §4 and §6.
-
-``trio.move_on_after(init_timeout)`` is the only source of the SDK's timeout, and it is told
-apart by ``cancelled_caught``, so a ``TimeoutError``, ``trio.TooSlowError``, ``socket.timeout``
-or ``asyncio.TimeoutError`` raised by the user's code stays the user's error, with its own
-type (docs/design.md §4 I4; the *494* branch got this wrong, docs/protocol.md §8 item 26).
-
-A sync initializer runs in a thread that is abandoned when the deadline fires or the
-worker shuts down: Python cannot kill a thread, so the worker exits with ``os._exit`` and
-the thread dies with the process (docs/design.md §6.3).
+Only the SDK's own deadline is an ``InitTimeout``, told apart by ``cancelled_caught``: a
+timeout the user's code raises stays the user's error (docs/design.md §4 I4, §6). A sync
+initializer's thread is abandoned at the deadline or a shutdown; ``os._exit`` ends it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Naming an exception and formatting its traceback for an error report.
 
-What the person reading a failed job needs is their own code's frames: the frames a
-handler's exception passes through before it reaches the user's code (trio_worker's
-runner, trio's thread machinery, outcome, asyncio's task steps) are the same for every job,
-so they are left out with a line saying how many. Neither function ever raises: a
-pathological exception must not lose the report it belongs to.
+The SDK's own leading frames are left out, counted in one line (docs/reference.md, "Error
+shapes"). Neither function ever raises: a pathological exception must not lose its report.
 """
 
 from __future__ import annotations
@@ -23,14 +20,9 @@ __all__ = ["ASYNCIO_DIR", "error_type_name", "format_traceback", "one_line", "sa
 
 
 def error_type_name(exc: BaseException) -> str:
-    """The exception's class, named as a reader would import it.
-
-    Built-in exceptions and classes of the ``__main__`` module by their plain name
-    (``"RuntimeError"``, as the reference's init payload), others qualified by their module
-    (``"torch.OutOfMemoryError"``), so a name like ``Error`` stays meaningful. The module
-    path stops before its first private part, where libraries re-export their exceptions:
-    ``httpx._exceptions.ConnectError`` is ``"httpx.ConnectError"``. (The reference's
-    handler payload used ``str(type(exc))``, ``"<class 'ValueError'>"``, docs/protocol.md §8 #25.)
+    """The exception's class, named as a reader would import it (docs/reference.md,
+    "Handler exception"): plain for built-ins and ``__main__``, else qualified by its module
+    path up to its first private part, where libraries re-export their exceptions.
     """
     cls = type(exc)
     module = cls.__module__ if isinstance(cls.__module__, str) else ""
@@ -62,8 +54,7 @@ def _package_dir(path: str | None) -> str:
 
 
 def _asyncio_dir() -> str:
-    # Found, not imported: importing asyncio costs start-up time (docs/benchmarks.md) that
-    # a worker on the trio backend never needs.
+    # Found, not imported: a worker on the trio backend never pays asyncio's import.
     module = sys.modules.get("asyncio")
     if module is None:
         spec = importlib.machinery.PathFinder.find_spec("asyncio")
@@ -78,8 +69,7 @@ def _asyncio_dir() -> str:
 ASYNCIO_DIR = _asyncio_dir()
 
 
-# The packages whose frames lead up to a handler call, by the directory their frames' file
-# names start with (absolute paths of the modules as imported).
+# The packages whose frames lead up to a handler call, by their directory.
 _SDK_DIRS = {
     _package_dir(__file__): "trio_worker",
     _package_dir(trio.__file__): "trio",
