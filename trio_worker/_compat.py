@@ -1,14 +1,9 @@
 """Living beside the reference SDK: what its utilities need from the worker loop.
 
-Users keep ``runpod`` installed for its utilities (``rp_validator``, ``rp_cleanup``,
-``rp_debugger``, ``RunPodLogger``, ...). Most of them are plain functions and work
-unchanged; ``rp_debugger`` is the exception, because it keeps process-wide per-job state
-that the reference's worker loop clears after every job (``rp_job.handle_job`` calls
-``rp_debugger.clear_debugger_output()``). Without that clear, ``@rp_debugger.FunctionTimer``
-fails every job after the first with ``KeyError: 'Checkpoint name ... already exists.'``.
-
-The SDK never imports ``runpod`` itself (importing it configures the root logger and costs
-seconds): it only looks in ``sys.modules`` for the debugger module the user already loaded.
+``rp_debugger`` keeps process-wide per-job state that the reference's loop clears after
+every job (docs/migration.md, the utilities table). The SDK never imports ``runpod``
+(importing it configures the root logger and costs seconds): it only looks in
+``sys.modules`` for the debugger module the user already loaded.
 """
 
 from __future__ import annotations

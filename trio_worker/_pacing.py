@@ -1,25 +1,6 @@
 """Pacing what the platform and a failing loop can make the worker do: one backoff after
-a failure, one rule for the wait a ``Retry-After`` asks for, and one way to fold a repeated
-log line.
-
-Theory of operation
--------------------
-A failure worth another attempt waits :func:`backoff_delay`: full-jitter exponential
-backoff, the long-polls' (``error_backoff_max``) and the reports' (``report_backoff_max``).
-Every route that honours ``Retry-After`` (take, stop, job-done, job-stream, progress) waits
-:func:`rate_limit_wait`: what was asked, raised to a floor and lowered to a cap, then
-stretched by up to ``RATE_LIMIT_JITTER`` so workers limited together do not come back
-together. A report never waits less than its backoff, and the shutdown plan cuts its wait
-to leave room for one last attempt (:meth:`~trio_worker._delivery.Delivery.retry_wait`).
-
-A 429 with ``Retry-After: 0``, ``-5`` or ``nan`` once made the take and stop
-loops spin at about 4,500 requests a second (docs/security.md): the floor makes any
-answer cost at least ``Timings.rate_limit_floor``.
-
-A loop that meets the same trouble again and again logs it through :class:`FoldedLog`:
-the first line is written, the repeats within a window are counted, and the next line
-after the window says how many there were, so a minute of 429s is one line a minute, not
-thousands.
+a failure, one rule for the wait a ``Retry-After`` asks for on every route (its floor and
+why: docs/security.md, ``Retry-After``), and one way to fold a repeated log line.
 """
 
 from __future__ import annotations
@@ -43,11 +24,7 @@ DEFAULT_FOLD_WINDOW = 60.0
 
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
-
-    >>> 0.0 <= backoff_delay(3, 0.1, 2.0) <= 0.8
-    True
-    """
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
     # The exponent is clamped: an outage of hours must not overflow a float.
     return random.uniform(0, min(cap, base * (2 ** min(max(attempt, 0), 64))))
 
@@ -62,12 +39,6 @@ def rate_limit_wait(
     ``timings.rate_limit_pause``. Anything not finite counts as none. The result lies in
     ``[rate_limit_floor, rate_limit_cap]``, jittered upwards by up to
     ``RATE_LIMIT_JITTER``.
-
-    >>> from trio_worker._config import Timings
-    >>> 1.0 <= rate_limit_wait(0.0, Timings()) <= 1.2
-    True
-    >>> 5.0 <= rate_limit_wait(float("nan"), Timings()) <= 6.0
-    True
     """
     if retry_after is None or not math.isfinite(retry_after):
         retry_after = timings.rate_limit_pause
@@ -90,10 +61,6 @@ class FoldedLog:
 
     *clock* is read at each call: ``trio.current_time`` in the event loop (so a
     ``MockClock`` drives it), the default elsewhere.
-
-    >>> import logging
-    >>> folded = FoldedLog(logging.getLogger("demo"), window=60.0, clock=lambda: 0.0)
-    >>> folded.log(logging.WARNING, "take rate limited; pausing %.1fs", 1.0)
     """
 
     def __init__(
