@@ -1,20 +1,8 @@
 """The one deadline registry: every wait of the worker ends by what the state says.
 
-Theory of operation
--------------------
-The deadlines live in the pure state (``_state.WorkerState``: the end of the grace, of the
-take in flight, of every report). A wait reads them in one of two ways:
-
-* Its cancel scope is *bound* here with a rule, a function of the state
-  (:meth:`Scopes.bind`, :meth:`Scopes.open_scope`); whenever the state's deadlines move,
-  every bound scope gets its rule's new deadline (never a later one). The take, each
-  job's scope, each report's shield (never before its ``report_deadline`` floor), each
-  progress post, the initializer, the idle and stop long-polls, and the waits for handler
-  threads (:meth:`Scopes.shielded`) are all bound here: there is no second registry.
-* A retry's wait (:meth:`Scopes.wait_to_retry`) ends at the time asked for, or early
-  enough for one last attempt before its scope's deadline, and looks again when the state
-  changes: a ``Retry-After: 30`` met 20 s before the grace ends becomes one last attempt
-  before the grace ends, not a sleep through it.
+A wait's cancel scope is *bound* here by a rule of the state (moved earlier whenever the
+state's deadlines move), or it is a retry's wait (:meth:`Scopes.wait_to_retry`):
+docs/how-it-works.md, "The state and its deadlines", lists every wait and its rule.
 """
 
 from __future__ import annotations
@@ -146,8 +134,8 @@ class Scopes:
 
 
 class _BoundScope:
-    """:meth:`Scopes.open_scope`'s context manager: a class, not a generator (a
-    generator's context manager costs a frame and two resumptions more)."""
+    """:meth:`Scopes.open_scope`'s context manager: a class, as a generator's costs a frame
+    and two resumptions more."""
 
     __slots__ = ("_rule", "_scope", "_scopes")
 
