@@ -1,19 +1,9 @@
 """The ASGI layer in front of the user's app: ``/ping``, the phases, the requests in flight.
 
-hypercorn serves :class:`Gate`, never the user's app directly (docs/load-balancing.md):
-
-* ``GET /ping`` on the health port answers what :class:`~._health.Health` says; once the
-  worker is READY the app's own ``/ping`` is consulted first, and a 404 or 405 from it
-  (no such route) becomes the worker's 200.
-* Every other request reaches the app only while the worker is READY; before, and after a
-  failure or SIGTERM, it is answered 503 with a JSON reason, and the app never runs.
-* Requests let through are counted, so a shutdown can wait for them, and each can be
-  cancelled when the shutdown grace ends: one still unanswered then gets a 503.
-* The server's own lifespan events are answered at once: the worker drives the app's
-  lifespan itself (``_lifespan``), so that ``/ping`` can answer 204 while it starts up.
-
-When ``PORT_HEALTH`` differs from ``PORT``, the health port serves ``/ping`` alone (the
-app's own consulted as above) and the app's port serves the app, as Runpod routes them.
+hypercorn serves :class:`Gate`, never the user's app directly; what ``/ping`` and the
+app's routes answer in each phase, and on which port: docs/load-balancing.md, "What it
+does". The server's own lifespan events are answered at once: the worker drives the app's
+lifespan itself (``_lifespan``), so that ``/ping`` can answer 204 while it starts up.
 """
 
 from __future__ import annotations
@@ -64,7 +54,7 @@ async def send_answer(send: Send, answer: Answer) -> None:
 
 
 class Gate:
-    """The user's *app* behind the worker's health (see the module docstring).
+    """The user's *app* behind the worker's health.
 
     *on_idle* is called (on the thread of both loops) whenever the last request in flight
     ends, so a shutdown waiting for them wakes without polling.

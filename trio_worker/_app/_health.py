@@ -1,29 +1,10 @@
 """What ``/ping`` answers, and when: the load-balancing worker's health, as a pure table.
 
-Theory of operation
--------------------
-Runpod's load balancer reads a worker's health from ``GET /ping`` (docs/load-balancing.md):
-204 while it initializes, 200 when it is healthy, anything else unhealthy (the worker is
-taken out of rotation). The worker's life is four phases, and the table below is the only
-place a phase changes:
-
-==========  ==========================  ==========================================
-phase       /ping answers               app routes answer
-==========  ==========================  ==========================================
-LOADING     204                         503, "the model is loading", Retry-After
-READY       200 (or the app's own)      the app
-FAILED      503, the failure's reason   503, the same reason
-DRAINING    503, "shutting down"        503 for new requests; those in flight run
-==========  ==========================  ==========================================
-
-LOADING is left for READY when the load (fitness checks, the initializer, the app's
-lifespan startup) returned, for FAILED when it did not, for DRAINING on SIGTERM. READY is
-left only for DRAINING: a worker that served never reports a load failure. FAILED and
-DRAINING are final. So ``/ping`` only ever moves 204 -> 200 -> not-200, or 204 ->
-not-200, whatever the order of events (tests/test_lb_properties.py checks it).
-
-Nothing here does I/O or reads a clock: :class:`Health` is a state object the serving
-tasks drive and the ASGI gate (``_gate``) reads.
+The phases and their answers are docs/load-balancing.md's table, "What it does"; ``_ALLOWED``
+is the only place a phase changes. READY is left only for DRAINING (a worker that served
+never reports a load failure); FAILED and DRAINING are final, so ``/ping`` only ever moves
+204 -> 200 -> not-200, or 204 -> not-200. No I/O, no clock: the serving tasks drive
+:class:`Health` and the ASGI gate (``_gate``) reads it.
 """
 
 from __future__ import annotations
@@ -98,15 +79,7 @@ _DRAINING: Final = _json(
 
 
 class Health:
-    """The worker's phase, the failure that ended the load, and the answers they give.
-
-    >>> health = Health()
-    >>> health.ping().status
-    204
-    >>> health.become(Phase.READY)
-    >>> health.ping().status
-    200
-    """
+    """The worker's phase, the failure that ended the load, and the answers they give."""
 
     def __init__(self) -> None:
         self.phase = Phase.LOADING

@@ -1,15 +1,9 @@
 """The app's own lifespan, driven by the worker: startup is the supervised load.
 
-Most FastAPI workers load their model in the lifespan's startup today. The server's
-lifespan cannot carry it (hypercorn serves nothing until startup completes, so ``/ping``
-could not answer 204 meanwhile), so the worker runs the app's lifespan itself, on the
-app's loop (``_loops``), beside the server: :meth:`AppLifespan.startup` is the load that
-``init_timeout`` bounds and whose failure is recorded like an initializer's;
-:meth:`AppLifespan.shutdown` runs after the last request, at the end.
-
-An app without lifespan support (one that returns, or raises, before it asks for the
-first event) is served without it, as ASGI servers do. The lifespan's ``state`` (what a
-Starlette lifespan yields) is copied into every request's scope, as servers do.
+The server's lifespan cannot carry the load: hypercorn serves nothing until its startup
+completes, so ``/ping`` could not answer 204 meanwhile. The worker runs the app's lifespan
+itself, on the app's loop, beside the server (docs/load-balancing.md, "What it does"). An
+app without lifespan support is served without it, as ASGI servers do.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The loop an ASGI app runs on: trio, or asyncio with the worker's trio run as its guest.
 
-A FastAPI app is asyncio code as often as not (an engine built in its lifespan, an
-``asyncio.Queue`` in a route), so it must run on the loop it was written for, chosen by the
-worker's backend rule (docs/design.md §2, ``async_backend``). hypercorn serves both: on
-the trio backend ``hypercorn.trio.serve`` runs as a task of the worker's own run; on the
-asyncio backend ``hypercorn.asyncio.serve`` runs as a task of the host loop, where every
-request's task then is a plain asyncio task, as under uvicorn. The supervision around it
-(the load, the phases, the grace) is the same trio code either way.
-
-What differs between the two is here, behind :class:`AppLoop`: an event the trio side sets
-and the app's side waits on, a request the grace can cancel, and the server itself. Both
-loops share one thread, so setting an event from the other loop's task is a plain call.
+The app runs on the loop it was written for, by the backend rule (docs/load-balancing.md,
+"The loop your app runs on"); the supervision around it is the same trio code either way.
+What differs is here, behind :class:`AppLoop`. Both loops share one thread, so setting an
+event from the other loop's task is a plain call.
 """
 
 from __future__ import annotations

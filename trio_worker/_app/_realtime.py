@@ -1,17 +1,9 @@
 """runpod's realtime mode: ``start(handler)`` with ``RUNPOD_REALTIME_PORT`` set.
 
-runpod 1.12 serves a handler over HTTP when ``RUNPOD_REALTIME_PORT`` is set (its
-``rp_fastapi.WorkerAPI``, on uvicorn): ``POST /{RUNPOD_ENDPOINT_ID}/realtime`` takes a job
-``{"id": str, "input": ...}`` (422 without either) and answers 200 with what its
-``run_job`` returns: ``{"output": ...}``, or ``{"error": "..."}`` when the handler raised.
-``RUNPOD_REALTIME_CONCURRENCY`` (default 1) is how many it serves at once.
-
-Here the route is served by the load-balancing worker (``_serve``): the initializer is
-the supervised load behind ``/ping``, and each job runs through the queue worker's own
-:class:`~trio_worker._runner.JobRunner`, so the answer is the body a job-done report
-would carry (the same error payload, redaction and clipping). Jobs past the concurrency
-wait for a slot. A streaming handler's answer is its final report (``return_aggregate_stream``
-gives the chunks).
+The route runpod 1.12 serves (docs/load-balancing.md, "runpod's realtime mode"), served by
+the load-balancing worker: the initializer is the supervised load behind ``/ping``, and each
+job runs through the queue worker's own :class:`~trio_worker._runner.JobRunner`, so the
+answer is the body a job-done report would carry.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The load-balancing worker inside a trio run: the server, the load, the phases, the exit.
 
-See docs/load-balancing.md. :class:`AppWorker` binds ``PORT`` (and ``PORT_HEALTH``) and
-serves the :class:`~._gate.Gate` on hypercorn from the first moment, so ``/ping`` answers
-204 while the load runs: the fitness checks, the initializer, then the app's lifespan
-startup, all under ``init_timeout`` and the failure rules of the queue worker's
-initializer (``_initializer.run_initializer``: only the SDK's deadline is a timeout, the
-category and the output tail are recorded). Then:
-
-* the load returned: READY, ``/ping`` 200, until SIGTERM;
-* it failed or timed out: FAILED, logged once (with the output tail, which never leaves
-  the process otherwise), ``/ping`` and the app 503 with the reason for
-  ``Timings.failure_hold`` seconds, then status 1;
-* SIGTERM (:meth:`AppWorker.request_shutdown`): DRAINING at once; requests in flight get
-  ``shutdown_grace`` seconds, those still running are cancelled and answered 503; then
-  the server stops, the app's lifespan shutdown runs, and the status is 0.
+:class:`AppWorker` serves the :class:`~._gate.Gate` from the first moment, so ``/ping``
+answers 204 while the load runs under the queue worker's initializer rules; what each
+outcome and SIGTERM do is docs/load-balancing.md, "What it does". The failure's output
+tail goes to the log only: it never leaves the process otherwise.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``start_app()``: a load-balancing worker process, as ``start()`` is a queue worker's.
 
-The same process rules as ``start()`` (docs/design.md §9, §13): the reference's log level
-and flags, the crash watchdog (the process the user started watches, its child serves),
-fd-level capture with redaction, ``start()``'s signal handling and exit watchdog
-(``_exit.ExitGuard``: a second signal exits at once), and an exit through
-``_exit.exit_process`` that a leftover thread cannot hold up.
+The same process rules as ``start()`` (docs/design.md §9, §13, §14): flags, the crash
+watchdog, capture, signals and the exit watchdog, and an exit through ``exit_process``.
 """
 
 from __future__ import annotations
