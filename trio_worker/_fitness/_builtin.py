@@ -1,27 +1,12 @@
 """The built-in fitness checks, with the reference's names, variables and defaults.
 
-runpod 1.12 registers them when its checks first run, after the user's, in this order:
-
-| check | runs when | fails when |
-|---|---|---|
-| ``_gpu_health_check`` | a GPU is expected, without ``RUNPOD_SKIP_GPU_CHECK`` | no usable GPU |
-| ``_memory_check`` | without ``RUNPOD_SKIP_AUTO_SYSTEM_CHECKS`` | ``MemAvailable`` too low |
-| ``_disk_check`` | as above | free space on ``/`` too low |
-| ``_network_check`` | as above | the platform cannot be dialled |
-| ``_cuda_version_check`` | as above, and a GPU is expected | CUDA older than the minimum |
-| ``_cuda_init_check`` | as above | CUDA cannot initialize every device |
-| ``_benchmark_check`` | as above | a 1024x1024 matmul is too slow |
-
-The thresholds: ``RUNPOD_MIN_MEMORY_GB`` (4.0), ``RUNPOD_MIN_DISK_PERCENT`` (10),
-``RUNPOD_MIN_CUDA_VERSION`` (11.8), ``RUNPOD_NETWORK_CHECK_TIMEOUT`` (5 s),
-``RUNPOD_GPU_TEST_TIMEOUT`` (30 s), ``RUNPOD_GPU_BENCHMARK_TIMEOUT`` (2 s).
-
-So a CPU-only host runs three: memory, disk, network. Two differences, on purpose: the
-reference registers the GPU checks when ``nvidia-smi`` works, so a broken driver reads as
-"no GPU" and passes; here they are registered when a GPU is *expected* (see
-:func:`._gpu.gpu_expected`), so a broken driver fails. And the network check dials the
-platform (:mod:`._reach`), not ``8.8.8.8:53``. Only ``"true"`` (any case) turns a check
-off, as in the reference.
+What each checks, when it runs, and where it differs from the reference on purpose (a GPU
+*expected*, not found by ``nvidia-smi``; the network check dials the platform):
+docs/reference.md, "Fitness checks". Its variables: ``RUNPOD_SKIP_GPU_CHECK``,
+``RUNPOD_SKIP_AUTO_SYSTEM_CHECKS``, ``RUNPOD_MIN_MEMORY_GB`` (4.0),
+``RUNPOD_MIN_DISK_PERCENT`` (10), ``RUNPOD_MIN_CUDA_VERSION`` (11.8),
+``RUNPOD_NETWORK_CHECK_TIMEOUT`` (5 s), ``RUNPOD_GPU_TEST_TIMEOUT`` (30 s),
+``RUNPOD_GPU_BENCHMARK_TIMEOUT`` (2 s).
 """
 
 from __future__ import annotations
@@ -132,7 +117,7 @@ async def builtin_checks(
     *,
     open_stream: StreamOpener | None = None,
 ) -> AsyncIterator[list[Check]]:
-    """The built-in checks this host runs, in the reference's order (see the module doc).
+    """The built-in checks this host runs, in the reference's order.
 
     The GPU checks share one child process (:class:`._gpu.GpuProbe`), ended on exit.
     """

@@ -1,16 +1,9 @@
 """The processes a user's fitness check leaves running: found, ended and reaped.
 
-A check may start processes (``subprocess.Popen``, ``multiprocessing``, a plain
-``os.fork()``) and return, fail or hang past its bound without ending them. Nothing else
-would: the worker either exits at once (a failed check), and they outlive it holding
-whatever they hold (a GPU, a port, a mount), or goes on serving beside them. So the
-descendants of the worker that appeared while a check ran, and still run when it is over
-(passed, failed, or abandoned at its bound), are ended (``SIGKILL``: the check that owned
-them is done) and the worker's own children among them reaped.
-
-Descendants are read from ``/proc`` (Linux, where workers run); elsewhere none is found and
-nothing is done. One whose parent has already exited belongs to init, not to us, and is not
-found either.
+Nothing else would end them: the worker either exits at once (a failed check), and they
+outlive it holding a GPU, a port or a mount, or serves beside them (docs/reference.md,
+"Fitness checks"). Descendants are read from ``/proc`` (Linux, where workers run);
+elsewhere none is found. One whose parent has exited belongs to init, and is not found.
 """
 
 from __future__ import annotations

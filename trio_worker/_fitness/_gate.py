@@ -1,12 +1,8 @@
 """The fitness gate: every check before the first take, and what a failure does.
 
-``start()`` runs :func:`check_then_serve` in queue mode, before the worker (its heartbeat,
-its first take) starts. On the first failing check the worker logs it, sends one unhealthy
-ping (docs/protocol.md §7) and raises :class:`FitnessCheckFailed`, which ``start()`` turns
-into exit status 1 through its usual exit (logs flushed, ``os._exit``): no job was taken,
-so the platform hands the queue's requests to a healthy worker instead. A failing
-initializer is different on purpose: that is the user's code, and its held requests are
-failed with the reason; a failing check is the host.
+On the first failing check: one log line, one unhealthy ping, then
+:class:`FitnessCheckFailed`, which ``start()`` turns into exit status 1; no job was taken
+(docs/reference.md, "Fitness checks").
 """
 
 from __future__ import annotations

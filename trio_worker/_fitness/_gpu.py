@@ -1,14 +1,10 @@
 """The GPU checks, every one in a child process so a driver that hangs or crashes cannot
 take the worker with it, and CUDA is never initialized in the worker.
 
-Whether a GPU is expected (:func:`gpu_expected`) decides whether the GPU checks run. The
-reference asks ``nvidia-smi`` instead, so a broken driver (``nvidia-smi`` failing) reads as
-"no GPU" and the host passes; here the same host fails ``_gpu_health_check``.
-
-The tools (``nvidia-smi``, ``nvcc``) run under :func:`run_tool`; the Python checks (CUDA
-initialization, the benchmark, and counting devices when ``nvidia-smi`` is missing) run in
-one child, :mod:`._gpu_probe`, that imports torch once and answers one step at a time. A
-child that overruns its bound is killed with its whole process group.
+When a GPU is expected, and why that and not ``nvidia-smi`` decides: docs/reference.md,
+"Fitness checks". The tools run under :func:`run_tool`; the Python checks in one child,
+:mod:`._gpu_probe`, that imports torch once and answers one step at a time. A child that
+overruns its bound is killed with its whole process group.
 """
 
 from __future__ import annotations
@@ -48,9 +44,8 @@ _REAP_BOUND = 1.0
 def gpu_expected(environ: Mapping[str, str]) -> str:
     """Why this container is meant to have a GPU, or ``""`` when it is not.
 
-    ``NVIDIA_VISIBLE_DEVICES`` naming devices, an NVIDIA device node, or ``nvidia-smi`` on
-    the PATH. ``NVIDIA_VISIBLE_DEVICES=all`` alone does not count: the CUDA base images set
-    it, and they also run on CPU-only hosts.
+    ``NVIDIA_VISIBLE_DEVICES=all`` alone does not count: the CUDA base images set it, and
+    they also run on CPU-only hosts.
     """
     visible = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
     if visible and visible.lower() not in ("all", "none", "void"):

@@ -1,10 +1,9 @@
 """The GPU probe: a child process that asks torch (or CuPy) whether the GPU works.
 
 Run by :class:`trio_worker._fitness._gpu.GpuProbe` as ``python -P this_file.py``, never
-imported by the worker: CUDA is initialized here, so a driver that hangs or crashes takes
-this process down, not the worker, and the worker's own process starts the user's
-initializer with CUDA untouched. It imports nothing from trio_worker (nor trio), so it
-starts fast and does not depend on how the package was installed.
+imported by the worker, so a driver that hangs or crashes takes this process down, not the
+worker. It imports nothing from trio_worker (nor trio), so it starts fast and does not
+depend on how the package was installed.
 
 Protocol: one step name per line on stdin (``devices``, ``init``, ``benchmark``); one answer
 line per step on stdout, ``MARKER {"step", "status": "pass"|"fail"|"skip", "detail"}``.
@@ -35,16 +34,8 @@ def _library(name: str) -> Any:
         return None
 
 
-def _torch() -> Any:
-    return _library("torch")
-
-
-def _cupy() -> Any:
-    return _library("cupy")
-
-
 def devices(_: float) -> str:
-    torch = _torch()
+    torch = _library("torch")
     if torch is not None:
         if not torch.cuda.is_available():
             raise RuntimeError("torch.cuda.is_available() is False")
@@ -52,7 +43,7 @@ def devices(_: float) -> str:
         if count == 0:
             raise RuntimeError("torch sees no CUDA device")
         return f"{count} device(s) visible to torch"
-    cupy = _cupy()
+    cupy = _library("cupy")
     if cupy is not None:
         count = cupy.cuda.runtime.getDeviceCount()
         if count == 0:
@@ -62,7 +53,7 @@ def devices(_: float) -> str:
 
 
 def init(_: float) -> str:
-    torch = _torch()
+    torch = _library("torch")
     if torch is not None:
         # The reference skips when torch says no CUDA; a GPU is expected here, so that fails.
         if not torch.cuda.is_available():
@@ -78,7 +69,7 @@ def init(_: float) -> str:
             torch.zeros(1024, device=f"cuda:{index}")
             torch.cuda.synchronize(index)
         return f"{count} device(s) initialized"
-    cupy = _cupy()
+    cupy = _library("cupy")
     if cupy is not None:
         count = cupy.cuda.runtime.getDeviceCount()
         if count == 0:
@@ -92,8 +83,8 @@ def init(_: float) -> str:
 
 
 def benchmark(bound: float) -> str:
-    torch = _torch()
-    cupy: Any = _cupy() if torch is None else None
+    torch = _library("torch")
+    cupy: Any = _library("cupy") if torch is None else None
     if torch is None and cupy is None:
         raise Skip("neither torch nor CuPy is installed")
     size = 1024

@@ -1,15 +1,10 @@
 """The platform, as the fitness checks see it: can it be reached, and the unhealthy ping.
 
-The reference's network check dials ``8.8.8.8:53``, which says nothing about the platform
-(a firewall may allow one and not the other). ``_network_check`` dials what the worker
-will use: the ping URL's host and port (the take URL's without a ping URL), with the TLS
-handshake when the URL is ``https``, against the worker's one trust store. When the
-proxy variables send that URL through a proxy (:func:`trio_worker._proxies.proxy_for`, the
-rule every connection of the worker follows, ``NO_PROXY`` included), it dials the proxy.
-
-The unhealthy ping goes through the platform client's own request path (the pool,
-or httpx behind a proxy), once, bounded by :data:`UNHEALTHY_PING_BOUND`, and never raises:
-the exit that follows is the guarantee, not the report (docs/protocol.md §7).
+``_network_check`` dials what the worker will use, not the reference's ``8.8.8.8:53``
+(docs/reference.md, "Fitness checks"), through the proxy rule every connection follows
+(:func:`trio_worker._proxies.proxy_for`). The unhealthy ping (docs/protocol.md §7) goes
+through the platform client's own request path, once, bounded, and never raises: the exit
+that follows is the guarantee, not the report.
 """
 
 from __future__ import annotations
@@ -39,7 +34,8 @@ REASON_LIMIT = 256
 
 
 def dial_target(platform: PlatformConfig) -> tuple[str, int, bool]:
-    """``(host, port, tls)`` that ``_network_check`` dials (see the module doc)."""
+    """``(host, port, tls)`` that ``_network_check`` dials: the ping URL's (else the take
+    URL's), or its proxy's."""
     url = platform.ping_url or platform.take_url
     if url is None:
         raise RuntimeError("no platform URL to dial (RUNPOD_WEBHOOK_GET_JOB is not set)")

@@ -1,14 +1,7 @@
 """The fitness checks users register, and the runner that runs every check in order.
 
-See docs/reference.md, "Fitness checks". The reference keeps its registry in a module list,
-``runpod.serverless.modules.rp_fitness._fitness_checks``, and runs each check with no bound;
-here each check gets ``Timings.fitness_check_timeout``, and a check that hangs fails once it
-is spent. A sync check runs in a thread of its own that is abandoned at the bound (the
-process exits soon after, through ``os._exit``, so the thread cannot hold it); an async one
-runs on the worker's backend, as the handler would, and one that swallows its cancellation
-is left behind a second after its bound, as on asyncio (on trio it has a run of its own,
-:meth:`~trio_worker._backends._trio.TrioBackend.await_result`). Whatever a check raises fails it,
-a ``BaseException`` of its own included; the processes it leaves running are ended.
+How each check is bounded, where it runs, what fails it and what becomes of the processes
+it leaves: docs/reference.md, "Fitness checks".
 """
 
 from __future__ import annotations
