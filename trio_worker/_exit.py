@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
+    from ._capture._feed import Feed
     from ._config import Settings, Timings
     from ._options import WorkerOptions
 
@@ -289,13 +290,21 @@ def watched_process(
     watched = watch_crashes(
         settings, crash_watch=options.crash_watch, tee_output=options.capture_logs == "on"
     )
-    capture = None
-    if options.capture_logs == "on":
-        feed = None if watched is None else watched.feed
-        capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
-        install_python_stream_attribution()
+    capture = capture_output(settings, options, None if watched is None else watched.feed)
     forwarded = None if watched is None else watched.signals
     return capture, ExitGuard(options.timings, capture, forwarded)
+
+
+def capture_output(
+    settings: Settings, options: WorkerOptions, feed: Feed | None = None
+) -> OutputCapture | None:
+    """Capture fds 1 and 2 (and attribute Python's writes to jobs) unless *options* say
+    ``capture_logs="off"``; *feed*: the crash watchdog's tee."""
+    if options.capture_logs != "on":
+        return None
+    capture = OutputCapture.install(redactor=settings.redactor, feed=feed)
+    install_python_stream_attribution()
+    return capture
 
 
 async def watch_signals(

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_posts import LocalChunks
-from ._config import Settings
 from ._exceptions import InitializationError
+from ._exit import capture_output
 from ._initializer import run_initializer
 from ._payloads import JobError, Payloads
 from ._runner import JobRunner, JobSpec
@@ -27,7 +26,8 @@ from ._scopes import Scopes
 from ._state import HeldJob
 
 if TYPE_CHECKING:
-    from ._config import LocalArgs
+    from ._capture import OutputCapture
+    from ._config import LocalArgs, Settings
     from ._endpoint import EndpointApp
     from ._options import WorkerOptions
     from ._platform._http import StreamOpener
@@ -53,13 +53,8 @@ class StdoutChunks(LocalChunks):
 async def run_test_input(options: WorkerOptions, test_input: object) -> int:
     """Run the initializer, then the handler once on *test_input*; the exit status."""
     options.backend.check_host()
-    settings = Settings.from_environ(
-        os.environ, timings=options.timings, capture_logs=options.capture_logs
-    )
-    capture = None
-    if options.capture_logs == "on":
-        capture = OutputCapture.install(redactor=settings.redactor)
-        install_python_stream_attribution()
+    settings = options.settings()
+    capture = capture_output(settings, options)
     try:
         return await _run_once(options, test_input, settings, capture)
     finally:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypedDict, TypeVar, Un
 
 from ._backends import BACKENDS, default_backend
 from ._backends import AsyncBackend as AsyncBackend  # the options' own type, for callers
-from ._config import CaptureMode, Timings
+from ._config import CaptureMode, Settings, Timings
 from ._exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -191,6 +191,14 @@ class WorkerOptions:
     def backend(self) -> Backend:
         """Where the user's async code runs, chosen once by :func:`worker_options`."""
         return BACKENDS[self.async_backend]
+
+    def settings(self, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings read from *environ* (``os.environ`` by default) with these options.
+
+        Raises:
+            ConfigurationError: a variable is invalid.
+        """
+        return Settings.from_environ(environ, timings=self.timings, capture_logs=self.capture_logs)
 
 
 def check_keywords(entry: Entry, given: Mapping[str, object]) -> None:

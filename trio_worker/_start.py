@@ -20,7 +20,6 @@ import trio
 from . import _worker
 from ._config import (
     LocalArgs,
-    Settings,
     UsageError,
     log_level_from,
     parse_cli,
@@ -33,7 +32,7 @@ from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
 from ._options import StartOptions, check_keywords, spelled_out, worker_options
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from ._capture import OutputCapture
     from ._handler_calls import Handler
@@ -125,20 +124,14 @@ def start(handler: Handler | Mapping[str, Any], **given: Unpack[StartOptions]) -
     capture: OutputCapture | None = None
     leave: Callable[[int, OutputCapture | None], NoReturn] = exit_process
     try:
-        args = parse_cli(sys.argv[1:] if argv is None else argv)
-        if args.help:
-            sys.stdout.write(reference_flags(_prog()).format_help())
-            leave(0, None)
-        configure_logging(log_level_from(os.environ, args.log_level), os.environ)
+        args = command_line(argv)
         options = worker_options(handler, "start", **given)
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
         )
         # Read (and checked) before the mode is picked: what would crash-loop once deployed
         # fails the local run the same way.
-        settings = Settings.from_environ(
-            os.environ, timings=options.timings, capture_logs=options.capture_logs
-        )
+        settings = options.settings()
         if args.serve_api:
             note_local_mode("the local endpoint")
             leave(_serve_api(options, args), None)
@@ -162,6 +155,22 @@ def start(handler: Handler | Mapping[str, Any], **given: Unpack[StartOptions]) -
     except BaseException as exc:
         leave(_exit_status_for(exc), capture)
     leave(0, capture)
+
+
+def command_line(argv: Sequence[str] | None) -> LocalArgs:
+    """The reference's flags (*argv*, else ``sys.argv[1:]``), the logging they set up;
+    ``--help`` prints them and exits 0.
+
+    Raises:
+        UsageError: a malformed flag.
+        ConfigurationError: a log level that is not one.
+    """
+    args = parse_cli(sys.argv[1:] if argv is None else argv)
+    if args.help:
+        sys.stdout.write(reference_flags(_prog()).format_help())
+        exit_process(0)
+    configure_logging(log_level_from(os.environ, args.log_level), os.environ)
+    return args
 
 
 def _realtime_port() -> int | None:

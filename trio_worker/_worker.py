@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Literal, Unpack
 
 import trio
 
-from ._capture import OutputCapture, install_python_stream_attribution
 from ._chunk_convoy import ChunkConvoy
 from ._config import Settings, without_credentials
 from ._delivery import Delivery
@@ -24,7 +23,7 @@ from ._exceptions import (
     WorkerInternalError,
     exception_leaves,
 )
-from ._exit import watch_signals
+from ._exit import capture_output, watch_signals
 from ._options import ServeOptions, WorkerOptions, spelled_out, worker_options
 from ._payloads import Payloads
 from ._platform._client import PlatformClient
@@ -39,6 +38,7 @@ from ._watch import records as crash_records
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
+    from ._capture import OutputCapture
     from ._exit import ExitGuard
     from ._handler_calls import Handler
     from ._platform._http import BackendWrapper, StreamOpener
@@ -145,19 +145,17 @@ async def run_worker(
 ) -> None:
     """:func:`serve` for options already checked, with the test seams (see ``serve``)."""
     options.backend.check_host()
-    settings = Settings.from_environ(
-        environ, timings=options.timings, capture_logs=options.capture_logs
-    )
+    settings = options.settings(environ)
     if not settings.platform.queue_mode:
         raise ConfigurationError(
             "RUNPOD_WEBHOOK_GET_JOB is not set: serve() needs the platform's job-take URL "
             "(use --test_input or --rp_serve_api for local runs)"
         )
-    capture = seams.capture if options.capture_logs == "on" else None
-    owns_capture = capture is None and options.capture_logs == "on"
+    owns_capture = seams.capture is None
     if owns_capture:
-        capture = OutputCapture.install(redactor=settings.redactor)
-        install_python_stream_attribution()
+        capture = capture_output(settings, options)
+    else:
+        capture = seams.capture if options.capture_logs == "on" else None
     try:
         await _serve(options, settings, capture, seams, handle_signals, task_status)
     finally:

@@ -17,7 +17,6 @@ import trio
 
 from .._backends import BACKENDS
 from .._chunk_posts import LocalChunks
-from .._config import Settings
 from .._exceptions import ConfigurationError
 from .._exit import watched_process
 from .._payloads import Payloads
@@ -160,11 +159,8 @@ class _Discarded(LocalChunks):
 
 def serve_realtime(options: WorkerOptions, port: int) -> int:
     """The realtime worker as this process: watchdog, capture, the route; exit status."""
-    environ = os.environ
-    concurrency = _concurrency(environ)
-    settings = Settings.from_environ(
-        environ, timings=options.timings, capture_logs=options.capture_logs
-    )
+    concurrency = _concurrency(os.environ)
+    settings = options.settings()
     endpoint_id = settings.platform.endpoint_id
     if endpoint_id is None:
         log.warning("RUNPOD_ENDPOINT_ID is not set: the realtime route is not served")

@@ -9,10 +9,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 from typing import TYPE_CHECKING, NoReturn, Unpack, cast
 
-from .._config import Settings, log_level_from, parse_cli, reference_flags
 from .._exit import exit_process, watched_process
 from .._options import AppOptions, check_keywords, spelled_out, worker_options
 from ._serve import Ports, bind_ports, check_app, serve_in_process
@@ -62,9 +60,7 @@ def start_app(app: ASGIApp, **given: Unpack[AppOptions]) -> NoReturn:
         leave = functools.partial(
             exit_process, watchdog_seconds=options.timings.exit_flush_watchdog
         )
-        settings = Settings.from_environ(
-            os.environ, timings=options.timings, capture_logs=options.capture_logs
-        )
+        settings = options.settings()
         capture, guard = watched_process(settings, options)
         status = serve_in_process(app, options, settings, sockets, capture, guard)
     except BaseException as exc:
@@ -76,14 +72,9 @@ def start_app(app: ASGIApp, **given: Unpack[AppOptions]) -> NoReturn:
 
 def _prepare(app: ASGIApp, given: AppOptions) -> tuple[WorkerOptions, list[socket]]:
     from .._flags import UsageError
-    from .._start import configure_logging
+    from .._start import command_line
 
-    argv = given.pop("argv", None)
-    args = parse_cli(sys.argv[1:] if argv is None else argv)
-    if args.help:
-        sys.stdout.write(reference_flags().format_help())
-        exit_process(0)
-    configure_logging(log_level_from(os.environ, args.log_level), os.environ)
+    command_line(given.pop("argv", None))
     check_app(app)
     # The app takes the handler's place: the same checks, and the same backend rule.
     options = worker_options(cast("Handler", app), "start_app", **given)
