@@ -266,7 +266,7 @@ def classify(exc: BaseException | None, output: str = "") -> Category:
     """
     if exc is not None:
         chain = list(_walk(exc))
-        type_names = [_mro_names(e) for e in chain]
+        type_names = [frozenset(c.__name__ for c in type(e).__mro__) for e in chain]
         messages = [_scan_text(m).lower() for e in chain for m in _messages(e)]
         for rule in RULES:
             if any(names.intersection(rule.exception_types) for names in type_names):
@@ -328,10 +328,6 @@ def _walk(exc: BaseException) -> Iterator[BaseException]:
         if current.__context__ is not None:
             nested.append(current.__context__)
         stack.extend(reversed(nested))
-
-
-def _mro_names(exc: BaseException) -> frozenset[str]:
-    return frozenset(cls.__name__ for cls in type(exc).__mro__)
 
 
 def _messages(exc: BaseException) -> list[str]:
