@@ -15,10 +15,10 @@ from trio_worker._config import (
     DEFAULT_PING_INTERVAL_MS,
     Settings,
     Timings,
-    log_level_from,
     platform_from_env,
 )
 from trio_worker._exceptions import ConfigurationError
+from trio_worker._flags import log_level_from
 from trio_worker._platform._client import report_attempt_bound
 
 if TYPE_CHECKING:

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trio_worker._config import (
+from trio_worker._exceptions import ConfigurationError
+from trio_worker._flags import (
     DEFAULT_API_HOST,
     DEFAULT_API_PORT,
     LocalArgs,
     parse_cli,
     read_test_input_file,
 )
-from trio_worker._exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -14,8 +14,8 @@ import httpx
 import pytest
 import trio
 
-from trio_worker._config import LocalArgs
 from trio_worker._endpoint import EndpointLimits, serve_endpoint
+from trio_worker._flags import LocalArgs
 from trio_worker._local import _dev_server, local_endpoint_app
 from trio_worker._options import worker_options
 

@@ -32,17 +32,7 @@ from urllib.parse import quote, urlsplit
 
 from ._capture import Redactor
 from ._exceptions import ConfigurationError
-
-# Read in _flags.py; importable from here as before this module was split.
-from ._flags import DEFAULT_API_HOST as DEFAULT_API_HOST
-from ._flags import DEFAULT_API_PORT as DEFAULT_API_PORT
-from ._flags import LOG_LEVELS as LOG_LEVELS
-from ._flags import LocalArgs as LocalArgs
-from ._flags import UsageError as UsageError
-from ._flags import log_level_from as log_level_from
-from ._flags import parse_cli as parse_cli
-from ._flags import read_test_input_file as read_test_input_file
-from ._flags import reference_flags as reference_flags
+from ._flags import log_level_from
 from ._proxies import check_proxies, proxy_variables
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 from typing import TYPE_CHECKING, NoReturn
 
 from ._exceptions import ConfigurationError
@@ -68,6 +69,30 @@ def log_level_from(environ: Mapping[str, str], cli_value: str | None) -> int:
         choices = ", ".join(LOG_LEVELS)
         raise ConfigurationError(f"{source} must be one of {choices} (or 0-5), got {raw!r}")
     return LOG_LEVELS[name]
+
+
+class _JsonLines(logging.Formatter):
+    """The reference's log shape when ``RUNPOD_ENDPOINT_ID`` is set."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(
+            {"requestId": None, "message": record.getMessage(), "level": record.levelname}
+        )
+
+
+def configure_logging(level: int, environ: Mapping[str, str]) -> None:
+    """Give the ``trio_worker`` logger a handler unless the application already did."""
+    logger = logging.getLogger("trio_worker")
+    logger.setLevel(level)
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    if environ.get("RUNPOD_ENDPOINT_ID"):
+        handler.setFormatter(_JsonLines())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 class UsageError(ConfigurationError):

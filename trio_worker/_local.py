@@ -27,8 +27,9 @@ from ._state import HeldJob
 
 if TYPE_CHECKING:
     from ._capture import OutputCapture
-    from ._config import LocalArgs, Settings
+    from ._config import Settings
     from ._endpoint import EndpointApp
+    from ._flags import LocalArgs
     from ._options import WorkerOptions
     from ._platform._http import StreamOpener
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import logging
 import os
 import socket
@@ -18,51 +17,28 @@ from typing import TYPE_CHECKING, Any, NoReturn, Unpack
 import trio
 
 from . import _worker
-from ._config import (
+from ._exceptions import ConfigurationError, InitializationError, exception_leaves
+from ._exit import exit_process, exit_status, watched_process
+from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
+from ._flags import (
     LocalArgs,
     UsageError,
+    configure_logging,
     log_level_from,
     parse_cli,
     read_test_input_file,
     reference_flags,
 )
-from ._exceptions import ConfigurationError, InitializationError, exception_leaves
-from ._exit import exit_process, exit_status, watched_process
-from ._fitness import FitnessCheckFailed, check_then_serve, note_local_mode
 from ._options import StartOptions, check_keywords, spelled_out, worker_options
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from ._backends._handler_calls import Handler
     from ._capture import OutputCapture
-    from ._handler_calls import Handler
     from ._options import WorkerOptions
 
 log = logging.getLogger("trio_worker")
-
-
-class _JsonLines(logging.Formatter):
-    """The reference's log shape when ``RUNPOD_ENDPOINT_ID`` is set."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
-            {"requestId": None, "message": record.getMessage(), "level": record.levelname}
-        )
-
-
-def configure_logging(level: int, environ: Mapping[str, str]) -> None:
-    """Give the ``trio_worker`` logger a handler unless the application already did."""
-    logger = logging.getLogger("trio_worker")
-    logger.setLevel(level)
-    if logger.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    if environ.get("RUNPOD_ENDPOINT_ID"):
-        handler.setFormatter(_JsonLines())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(handler)
-    logger.propagate = False
 
 
 @spelled_out("start")

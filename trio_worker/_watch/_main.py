@@ -311,7 +311,7 @@ def _reporting_log(level: int) -> tuple[Any, Any]:
     unstub()
     import logging
 
-    from .._start import configure_logging
+    from .._flags import configure_logging
     from ._report import describe_exit
 
     configure_logging(level, os.environ)
