@@ -17,8 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = "tests/test_properties.py"
 # Where the property suite cannot make a shield's work observable, the tests that do run
 # first (pytest paths, space-separated), by "<file>" or "<file>:<function>". None now: the
-# suite draws the asyncio backend (its shields in _backends/_asyncio.py and _handler_calls.py are
-# caught by properties, docs/property-suite.md), and test_stopped_code_keeps_its_slot stops
+# suite draws the asyncio backend (its shields in _backends/_asyncio.py and
+# _backends/_handler_calls.py are caught by properties, docs/property-suite.md), and
+# test_stopped_code_keeps_its_slot stops
 # running streams often enough to see a generator's close lose its shield.
 STREAM_CLEANUP = (
     "tests/test_supervisor.py::test_a_stream_stopped_at_a_yield_runs_its_whole_cleanup_before_its_slot_is_free"
@@ -31,7 +32,7 @@ SUITES_BY_FILE: dict[str, str] = {
     "_fitness/_gpu.py": "tests/test_fitness_gpu_reap.py",
     # A stopped stream's cleanup, shielded: the unit tests that stop a stream at a yield
     # see it on both backends at once; the property suite reaches it only by chance.
-    "_handler_calls.py:_chunks": f"{STREAM_CLEANUP} {SUITE}",
+    "_backends/_handler_calls.py:_chunks": f"{STREAM_CLEANUP} {SUITE}",
     # What a user's check left running is ended even when the checks are cancelled.
     "_fitness/_registry.py": (
         "tests/test_fitness_hostile.py::test_a_check_cancelled_from_outside_still_has_its_processes_ended"
@@ -286,7 +287,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "_handler_calls.py run_in_thread: a cancelled job stops waiting for its thread at once",
         (
             Patch(
-                "trio_worker/_handler_calls.py",
+                "trio_worker/_backends/_handler_calls.py",
                 "        if call.ended is not None:\n            await waits.hold(call.ended)\n",
                 "",
             ),
@@ -298,7 +299,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "_handler_calls.py Stream: an async generator's aclose() runs unshielded when cancelled",
         (
             Patch(
-                "trio_worker/_handler_calls.py",
+                "trio_worker/_backends/_handler_calls.py",
                 "with trio.CancelScope(shield=True):\n                        await aclose()",
                 "with trio.CancelScope():\n                        await aclose()",
             ),
@@ -311,7 +312,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "_handler_calls.py Stream: a sync generator's close() thread is not started when cancelled",
         (
             Patch(
-                "trio_worker/_handler_calls.py",
+                "trio_worker/_backends/_handler_calls.py",
                 "with self._waits.shielded(self._close_bound):",
                 "with trio.move_on_after(self._close_bound):",
             ),

@@ -16,7 +16,7 @@ import trio.testing
 
 from trio_worker import Timings as _Timings
 from trio_worker._backends import BACKENDS
-from trio_worker._handler_calls import (
+from trio_worker._backends._handler_calls import (
     HandlerKind,
     Stream,
     call_handler,

@@ -1,5 +1,6 @@
-"""Kept threads for sync user code (trio_worker/_handler_calls.py): reuse, abandonment, the
-loop's messages back, the context the code sees, and check_cancelled() (docs/reference.md)."""
+"""Kept threads for sync user code (trio_worker/_backends/_handler_calls.py): reuse,
+abandonment, the loop's messages back, the context the code sees, and check_cancelled()
+(docs/reference.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import trio.testing
 
 from trio_worker import Timings as _Timings
 from trio_worker._backends import BACKENDS
-from trio_worker._handler_calls import (
+from trio_worker._backends._handler_calls import (
     HandlerKind,
     Stream,
     call_handler,
@@ -110,7 +111,7 @@ async def test_check_cancelled_raises_in_a_sync_handler_thread_after_cancel() ->
     assert returned.is_set()
 
 
-# --- kept threads (trio_worker/_handler_calls.py) --------------------------------------------
+# --- kept threads (trio_worker/_backends/_handler_calls.py) -----------------------------
 
 
 async def test_sequential_sync_calls_reuse_one_kept_thread() -> None:
@@ -268,7 +269,7 @@ async def test_a_sync_generators_close_runs_on_the_kept_thread_its_steps_ran_on(
 async def test_outcomes_finished_before_the_loop_collects_them_share_one_message() -> None:
     """Each message back is a write to trio's wake-up socket: threads that finish while one
     is on its way add their outcome to it instead of posting their own."""
-    from trio_worker import _handler_calls
+    from trio_worker._backends import _handler_calls
 
     release = threading.Event()
     started = [threading.Event() for _ in range(3)]

@@ -1,9 +1,9 @@
 """No private name of a dependency is used (docs/how-it-works.md, the asyncio backend).
 
-The kept threads (``_handler_calls.py``) are the worker's own threads on trio's public API, with
-their own record for ``check_cancelled()``; the asyncio backend's guest run ticks as trio
-wrote it. Read from the source with ``ast``, so a private name hidden in a function, under
-a guard or behind ``getattr`` of a literal is still seen.
+The kept threads (``_backends/_handler_calls.py``) are the worker's own threads on trio's
+public API, with their own record for ``check_cancelled()``; the asyncio backend's guest run
+ticks as trio wrote it. Read from the source with ``ast``, so a private name hidden in a
+function, under a guard or behind ``getattr`` of a literal is still seen.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import trio
 import trio_worker
 import trio_worker.testing
 from tests.conftest import serve_in_process
-from trio_worker import _handler_calls
+from trio_worker._backends import _handler_calls
 from trio_worker.testing import FakePlatform
 
 from .backends import BOTH_BACKENDS

@@ -6,7 +6,7 @@ Who owns what (data flows one way, top to bottom; docs/how-it-works.md has the f
   the rest from ``_config`` (every knob: environment, CLI, ``Timings``).
 - ``_supervisor`` owns the nursery (init, take, run, stop) and ``_state`` the worker's
   rules, pure: the job table, the phase, the ledger, every deadline; ``_initializer``,
-  ``_runner`` and ``_handler_calls`` run the user's code.
+  ``_runner`` and ``_backends`` run the user's code.
 - ``_platform/`` speaks the wire protocol (docs/protocol.md §2) and runs the heartbeat;
   ``_capture/`` captures and redacts output; ``_payloads`` (every body, one JSON policy;
   with ``_fitting``, ``_json_problems``), ``_tracebacks`` and ``_categories`` build the
@@ -36,6 +36,7 @@ from ._version import __version__ as __version__
 if typing.TYPE_CHECKING:
     from ._app import start_app as start_app
     from ._backends import run_asyncio_host as run_asyncio_host
+    from ._backends._handler_calls import check_cancelled as check_cancelled
     from ._config import Timings as Timings
     from ._exceptions import AsyncioUnderTrio as AsyncioUnderTrio
     from ._exceptions import ConfigurationError as ConfigurationError
@@ -50,7 +51,6 @@ if typing.TYPE_CHECKING:
     from ._exceptions import TrioWorkerError as TrioWorkerError
     from ._exceptions import WorkerInternalError as WorkerInternalError
     from ._fitness import register_fitness_check as register_fitness_check
-    from ._handler_calls import check_cancelled as check_cancelled
     from ._progress_calls import progress_update as progress_update
     from ._start import start as start
     from ._worker import WorkerHandle as WorkerHandle
@@ -102,7 +102,7 @@ _DEFINED_IN = {
     "TrioWorkerError": "._exceptions",
     "WorkerInternalError": "._exceptions",
     "register_fitness_check": "._fitness",
-    "check_cancelled": "._handler_calls",
+    "check_cancelled": "._backends._handler_calls",
     "start": "._start",
     "WorkerHandle": "._worker",
     "progress_update": "._progress_calls",

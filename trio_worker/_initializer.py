@@ -15,9 +15,9 @@ from typing import Any
 import trio
 
 from ._backends import makes_coroutine as is_async_initializer
+from ._backends._handler_calls import INITIALIZER_THREAD, in_thread
 from ._categories import classify
 from ._exceptions import InitFailure, InitTimeout
-from ._handler_calls import INITIALIZER_THREAD, in_thread
 from ._tracebacks import format_traceback, safe_str
 
 Initializer = Callable[[], Any]

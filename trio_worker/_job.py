@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._handler_calls import is_cancellation
+from ._backends._handler_calls import is_cancellation
 from ._pacing import FoldedLog
 from ._scopes import at_grace_end
 from ._state import (

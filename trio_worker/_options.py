@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from types import UnionType
 
     from ._backends import Backend
-    from ._handler_calls import Handler
+    from ._backends._handler_calls import Handler
     from ._initializer import Initializer
 
 # An int, or the reference's concurrency_modifier: f(current) -> wanted.

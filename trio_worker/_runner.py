@@ -12,14 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
-from ._categories import classify
-from ._chunk_posts import ChunkPoster, ChunkSink
-from ._compat import DEBUGGER_MODULE, clear_reference_debugger
-from ._exceptions import MalformedJob, exception_leaves
-from ._exit import exit_status
-from ._fitting import clip
-from ._handler_calls import (
+from ._backends._handler_calls import (
     Handler,
     HandlerKind,
     Stream,
@@ -27,6 +20,13 @@ from ._handler_calls import (
     handler_kind,
     is_cancellation,
 )
+from ._capture import JobOutput, OutputCapture, job_output, logs_for_job
+from ._categories import classify
+from ._chunk_posts import ChunkPoster, ChunkSink
+from ._compat import DEBUGGER_MODULE, clear_reference_debugger
+from ._exceptions import MalformedJob, exception_leaves
+from ._exit import exit_status
+from ._fitting import clip
 from ._payloads import JobError, ResultEncodingError, chunk_body, encode_body, notice
 from ._progress_calls import ProgressTarget, current_progress
 from ._tracebacks import error_type_name, format_traceback, one_line, safe_str

@@ -38,9 +38,9 @@ from ._watch import records as crash_records
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
 
+    from ._backends._handler_calls import Handler
     from ._capture import OutputCapture
     from ._exit import ExitGuard
-    from ._handler_calls import Handler
     from ._platform._http import BackendWrapper, StreamOpener
     from ._state import TransitionHook
 

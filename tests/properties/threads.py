@@ -1,11 +1,11 @@
 """Sync user code in real threads, kept deterministic under a virtual clock.
 
 The worker runs sync handlers, each step of a sync generator, a generator's ``close()`` and
-a sync initializer in its kept threads (``trio_worker/_handler_calls.py``). ``MockClock``'s
-autojump only sees trio tasks: while a thread works, trio looks idle and the clock would
-jump, and the thread's messages back to the loop would land in whichever loop iteration the
-OS allows.
-Both would make an example depend on wall-clock luck. The `Baton` removes both:
+a sync initializer in its kept threads (``trio_worker/_backends/_handler_calls.py``).
+``MockClock``'s autojump only sees trio tasks: while a thread works, trio looks idle and the
+clock would jump, and the thread's messages back to the loop would land in whichever loop
+iteration the OS allows. Both would make an example depend on wall-clock luck. The `Baton`
+removes both:
 
 * **Virtual waits.** The harness's thread code never sleeps for real: it *parks* on the
   baton for a virtual duration (forever for a hang). Parked threads do nothing, so they
@@ -16,7 +16,7 @@ Both would make an example depend on wall-clock luck. The `Baton` removes both:
   thread's code (its records, ``check_cancelled()``, its result) happens at one well-defined
   point of the virtual instant. A returning thread's outcome is waited for until it is on
   its way to the loop (in a message of its own, or added to one already queued: kept
-  threads share one, ``trio_worker/_handler_calls.py``) before the loop runs on.
+  threads share one, ``trio_worker/_backends/_handler_calls.py``) before the loop runs on.
 * **Thread starts.** A thread the worker starts is seen at once: an instrument blocks the
   trio thread after the step that started it (``calls_waited_for`` grew)
   until the thread parks on the baton, or has posted its result (``close()`` of a finished
@@ -51,7 +51,11 @@ import trio
 import trio.testing
 
 import trio_worker
-from trio_worker._handler_calls import calls_waited_for, in_kept_thread, outcomes_on_their_way
+from trio_worker._backends._handler_calls import (
+    calls_waited_for,
+    in_kept_thread,
+    outcomes_on_their_way,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -71,8 +75,8 @@ def _queued() -> int:
 def _landed(queued: int, on_way: int) -> bool:
     """Whether a thread's outcome reached the loop since *queued* messages and *on_way*
     outcomes were counted: a message of its own, or its outcome added to one already
-    queued (kept threads share a message, ``trio_worker/_handler_calls.py``). The loop's thread
-    is blocked meanwhile, so neither count can fall."""
+    queued (kept threads share a message, ``trio_worker/_backends/_handler_calls.py``). The
+    loop's thread is blocked meanwhile, so neither count can fall."""
     return _queued() > queued or (outcomes_on_their_way() > on_way and _queued() >= 1)
 
 

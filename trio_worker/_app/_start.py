@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from socket import socket
 
+    from .._backends._handler_calls import Handler
     from .._capture import OutputCapture
-    from .._handler_calls import Handler
     from .._options import WorkerOptions
     from ._gate import ASGIApp
 

@@ -1,6 +1,7 @@
-"""Where the user's async code runs: one interface (:class:`Backend`), one class per
-backend, chosen once by the options (docs/how-it-works.md, the module map and "The asyncio
-backend"). ``_asyncio`` (and asyncio) is imported only when a worker asks for it."""
+"""Where and how the user's code runs: the handler's calls and the kept threads of sync code
+(``_handler_calls``), and the loop of async code, one interface (:class:`Backend`) with one
+class per backend, chosen once by the options (docs/how-it-works.md, the module map and "The
+asyncio backend"). ``_asyncio`` (and asyncio) is imported only when a worker asks for it."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._exceptions import TrioUnderAsyncio
-from .._handler_calls import INITIALIZER_THREAD, in_thread
+from ._handler_calls import INITIALIZER_THREAD, in_thread
 from ._host import escaped_exits_to, host_loop, host_run
 from ._interface import TRIO_DIR, TRIO_HINTS, Backend, hinted, makes_coroutine
 

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import outcome
 import trio
 
-from ._backends import unwrap_callable as _unwrap
-from ._config import DEFAULT_SYNC_CLOSE_BOUND
-from ._exceptions import exception_leaves
+from .._config import DEFAULT_SYNC_CLOSE_BOUND
+from .._exceptions import exception_leaves
+from ._interface import unwrap_callable as _unwrap
 
 if TYPE_CHECKING:
-    from ._backends import Backend
-    from ._scopes import Scopes
+    from .._scopes import Scopes
+    from ._interface import Backend
 
 Handler = Callable[[dict[str, Any]], Any]
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._exceptions import AsyncioUnderTrio
-from .._handler_calls import ThreadCall, run_sync
 from .._tracebacks import ASYNCIO_DIR
+from ._handler_calls import ThreadCall, run_sync
 from ._interface import ASYNCIO_HINTS, Backend, hinted
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 from .._backends import makes_coroutine
+from .._backends._handler_calls import in_thread, is_cancellation
 from .._config import Timings
 from .._exceptions import AsyncioUnderTrio, ConfigurationError
-from .._handler_calls import in_thread, is_cancellation
 from .._scopes import Scopes
 from .._tracebacks import safe_str
 from ._children import descendants, end_left_behind

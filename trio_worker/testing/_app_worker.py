@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
     from .._app._gate import ASGIApp
     from .._app._loops import AppLoop
+    from .._backends._handler_calls import Handler
     from .._config import Timings
-    from .._handler_calls import Handler
     from .._initializer import Initializer
     from .._options import AsyncBackend
 

@@ -21,8 +21,8 @@ from ._memory import memory_network
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from .._backends._handler_calls import Handler
     from .._capture import OutputCapture
-    from .._handler_calls import Handler
     from .._platform._http import BackendWrapper, StreamOpener
     from .._state import TransitionHook
     from ._http_server import ASGIApp
