@@ -230,3 +230,30 @@ def test_sys_exit_in_a_handler_exits_with_its_status_locally(tmp_path: Path) -> 
     # The reported traceback starts at the user's code.
     trace = error["error_traceback"].splitlines()
     assert trace[1].endswith("elided)") and trace[2].startswith(f'  File "{script}"')
+
+
+EMBEDDED = """
+import sys
+sys.argv = []  # what an interpreter embedded in another program may leave
+import trio_worker
+
+async def app(scope, receive, send):
+    pass
+
+if {which!r} == "start":
+    trio_worker.start(lambda job: job["input"])
+trio_worker.start_app(app, argv=["--help"])
+"""
+
+
+@pytest.mark.parametrize("which", ["start", "start_app"])
+def test_an_empty_sys_argv_reads_the_flags_and_names_the_program_worker(which: str) -> None:
+    # start() reads sys.argv: empty, no flag; with no test input either, it says so.
+    done = run("-c", EMBEDDED.format(which=which), cwd=REPO / "docs")
+    assert "Traceback" not in done.stderr, done.stderr
+    if which == "start":
+        assert done.returncode == 1, done.stderr
+        assert "local mode: no --test_input and no test_input.json here" in done.stderr
+    else:
+        assert (done.returncode, done.stderr) == (0, "")
+        assert done.stdout.startswith("usage: worker [-h] [--test_input JSON]")

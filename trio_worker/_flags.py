@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -111,11 +112,17 @@ the handler once on --test_input (or ./test_input.json), or serves the endpoint 
 localhost with --rp_serve_api. Flags it does not know are left to the program."""
 
 
-def reference_flags(prog: str | None = None) -> argparse.ArgumentParser:
+def program_name() -> str:
+    """How ``--help`` and usage errors name the program: argparse's own rule, except that an
+    embedding interpreter's empty ``sys.argv`` gives "worker", not an ``IndexError``."""
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "worker"
+
+
+def reference_flags() -> argparse.ArgumentParser:
     """The reference SDK's flags, as ``start()`` reads them (``python worker.py --help``)."""
     # No abbreviations: an unrelated --test flag must not be taken for --test_input.
     parser = _RaisingParser(
-        prog=prog,
+        prog=program_name(),
         description=_FLAGS_DESCRIPTION,
         add_help=False,
         allow_abbrev=False,

@@ -26,6 +26,7 @@ from ._flags import (
     configure_logging,
     log_level_from,
     parse_cli,
+    program_name,
     read_test_input_file,
     reference_flags,
 )
@@ -143,7 +144,7 @@ def command_line(argv: Sequence[str] | None) -> LocalArgs:
     """
     args = parse_cli(sys.argv[1:] if argv is None else argv)
     if args.help:
-        sys.stdout.write(reference_flags(_prog()).format_help())
+        sys.stdout.write(reference_flags().format_help())
         exit_process(0)
     configure_logging(log_level_from(os.environ, args.log_level), os.environ)
     return args
@@ -155,10 +156,6 @@ def _realtime_port() -> int | None:
     return realtime_port(os.environ) if os.environ.get("RUNPOD_REALTIME_PORT") else None
 
 
-def _prog() -> str:
-    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "worker"
-
-
 def _exit_status_for(exc: BaseException) -> int:
     """The process's exit status for what ended :func:`start`, explained in one line.
 
@@ -166,7 +163,7 @@ def _exit_status_for(exc: BaseException) -> int:
     """
     leaf = _sole_leaf(exc)
     if isinstance(leaf, UsageError):
-        sys.stderr.write(f"{_prog()}: error: {leaf}\n")
+        sys.stderr.write(f"{program_name()}: error: {leaf}\n")
         return 2
     if isinstance(leaf, ConfigurationError):
         log.error("configuration error: %s", leaf)
