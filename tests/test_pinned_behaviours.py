@@ -18,6 +18,21 @@ import trio_worker
 import trio_worker.testing
 from trio_worker.testing import FakePlatform, Fault
 
+
+def _serve_a_no_op(platform: FakePlatform, **options: Any) -> functools.partial[Any]:
+    # Not conftest's serve_in_process: a child process imports this module (ModelHandler).
+    return functools.partial(
+        trio_worker.testing.serve,
+        lambda job: None,
+        environ=platform.worker_env("http://platform"),
+        app=platform,
+        heartbeat="off",
+        handle_signals=False,
+        capture_logs="off",
+        **options,
+    )
+
+
 EMPTY_TAKES = [
     pytest.param(None, id="204 at once"),
     pytest.param(Fault("take", status=400, times=10**9), id="400 (FlashBoot)"),
@@ -34,17 +49,7 @@ async def test_a_take_answered_no_job_at_once_pauses_instead_of_spinning(
     platform = FakePlatform(take_hold=0.0)
     if fault is not None:
         platform.inject(fault)
-    await nursery.start(
-        functools.partial(
-            trio_worker.testing.serve,
-            lambda job: None,
-            environ=platform.worker_env("http://platform"),
-            app=platform,
-            heartbeat="off",
-            handle_signals=False,
-            capture_logs="off",
-        )
-    )
+    await nursery.start(_serve_a_no_op(platform))
     ceiling = 150  # 10 s / 0.1 s, with room; a spinning loop passes it at once
     with trio.move_on_after(10.0):
         await platform.wait_for_requests("take", ceiling)
@@ -63,18 +68,7 @@ async def test_both_long_polls_answered_empty_at_once_wait_out_the_one_floor(
     base after an error (``error_backoff_min``, here far smaller) has no part in it."""
     platform = FakePlatform(take_hold=0.0, stop_hold=0.0)
     timings = trio_worker.Timings(empty_poll_floor=0.5, error_backoff_min=0.001)
-    await nursery.start(
-        functools.partial(
-            trio_worker.testing.serve,
-            lambda job: None,
-            environ=platform.worker_env("http://platform"),
-            app=platform,
-            heartbeat="off",
-            handle_signals=False,
-            capture_logs="off",
-            timings=timings,
-        )
-    )
+    await nursery.start(_serve_a_no_op(platform, timings=timings))
     await trio.sleep(10.0)
     polls = sum(1 for r in platform.requests if r.route == route)
     # 10 s / 0.5 s is 20 polls, 21 with the first; a floor of 0.1 s would make about 100.
