@@ -203,7 +203,7 @@ ROWS: tuple[Row, ...] = (
         "lower",
         ("paced", "latency_ms", "p99"),
     ),
-    Row("import", "import time (-X importtime)", "ms", "lower", ("import_ms",)),
+    Row("import", "import time (the package and its entry point)", "ms", "lower", ("import_ms",)),
     Row("sigterm", "SIGTERM → exit, idle worker", "s", "lower", ("startup", "sigterm_exit_s")),
 )
 

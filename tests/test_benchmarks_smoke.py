@@ -42,7 +42,7 @@ EXPECTED_ROWS = {
     "streams64_trio": "64 concurrent streams, no gap: chunks/s (trio backend)",
     "paced_p50": "64 streams at 50 chunks/s: yield→receipt p50 (asyncio)",
     "paced_p99": "64 streams at 50 chunks/s: yield→receipt p99 (asyncio)",
-    "import": "import time (-X importtime)",
+    "import": "import time (the package and its entry point)",
     "sigterm": "SIGTERM → exit, idle worker",
 }
 
