@@ -1,8 +1,7 @@
 """The heartbeat: a ping every ``RUNPOD_PING_INTERVAL`` with the held job ids, from a
 daemon thread on a trio loop of its own (docs/protocol.md §2.6, docs/how-it-works.md "The
 heartbeat"); :func:`heartbeat_task` runs the same pings as a trio task, in virtual time.
-The held ids come from the ledger's snapshot tuple, which the event loop replaces
-atomically, so no lock is needed.
+The held ids come from the ledger's snapshot tuple, safe to read from this thread.
 """
 
 from __future__ import annotations
