@@ -25,29 +25,18 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import trio_worker
-from trio_worker._app._loops import AppLoop, Cancellable
+from trio_worker._app._loops import _TrioLoop
 from trio_worker.testing import AppHandle, serve_app
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, MutableMapping
+    from collections.abc import MutableMapping
 
 GRACE = 2.0
 INIT_TIMEOUT = 5.0
 
 
-class DirectLoop(AppLoop):
-    """The trio loop, with no server: the test calls the gate itself."""
-
-    def event(self) -> trio.Event:
-        return trio.Event()
-
-    async def run_cancellable(
-        self, call: Callable[[], Awaitable[None]], handle: Cancellable
-    ) -> bool:
-        with trio.CancelScope() as scope:
-            handle._cancel = scope.cancel
-            await call()
-        return bool(scope.cancelled_caught)
+class DirectLoop(_TrioLoop):
+    """The worker's trio loop, with no server: the test calls the gate itself."""
 
     async def serve(self, app: Any, sockets: list[socket.socket], shutdown: Any) -> None:
         self.gate = app
