@@ -29,10 +29,17 @@ UNUSED = ("httpx", "asyncio", "hypercorn")
 
 
 def _python(code: str, **env: str) -> list[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY")}
+    # The installed package, as a user's process imports it: no PYTHONPATH, and not run from
+    # the checkout, whose directory ``-c`` would put first on sys.path.
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.upper().endswith("_PROXY") and k != "PYTHONPATH"
+    }
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env={**clean, "PYTHONPATH": str(REPO), **env},
+        env={**clean, **env},
+        cwd=REPO / "docs",
         capture_output=True,
         text=True,
         timeout=WAIT,

@@ -67,8 +67,9 @@ def browser() -> Iterator[webdriver.Chrome]:
 
 def _serve(script: Path) -> Iterator[str]:
     """Run *script* as a local endpoint on a free port; yield its base URL."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    for name in [n for n in env if n.startswith("RUNPOD_")]:
+    # The installed package, as a user's script finds it: no checkout on PYTHONPATH.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name in [n for n in env if n.startswith("RUNPOD_") or n == "PYTHONPATH"]:
         del env[name]
     args = [sys.executable, str(script), "--rp_serve_api", "--rp_api_host", "127.0.0.1"]
     process = subprocess.Popen(
