@@ -242,18 +242,28 @@ async def app(scope, receive, send):
 
 if {which!r} == "start":
     trio_worker.start(lambda job: job["input"])
-trio_worker.start_app(app, argv=["--help"])
+trio_worker.start_app(app, argv={argv!r})
 """
 
 
-@pytest.mark.parametrize("which", ["start", "start_app"])
-def test_an_empty_sys_argv_reads_the_flags_and_names_the_program_worker(which: str) -> None:
+@pytest.mark.parametrize(
+    ("which", "argv"),
+    [("start", []), ("start_app", ["--help"]), ("start_app", ["--rp_api_port", "http"])],
+)
+def test_an_empty_sys_argv_reads_the_flags_and_names_the_program_worker(
+    which: str, argv: list[str]
+) -> None:
     # start() reads sys.argv: empty, no flag; with no test input either, it says so.
-    done = run("-c", EMBEDDED.format(which=which), cwd=REPO / "docs")
+    done = run("-c", EMBEDDED.format(which=which, argv=argv), cwd=REPO / "docs")
     assert "Traceback" not in done.stderr, done.stderr
     if which == "start":
         assert done.returncode == 1, done.stderr
         assert "local mode: no --test_input and no test_input.json here" in done.stderr
-    else:
+    elif argv == ["--help"]:
         assert (done.returncode, done.stderr) == (0, "")
         assert done.stdout.startswith("usage: worker [-h] [--test_input JSON]")
+    else:
+        assert (done.returncode, done.stderr) == (
+            2,
+            "worker: error: --rp_api_port must be an integer, got 'http'\n",
+        )
